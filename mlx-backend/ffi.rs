@@ -1,0 +1,336 @@
+//! The one cxx bridge between Rust and MLX's C++ API, in sections: shared
+//! types, devices and streams, memory, arrays and host I/O, evaluation, ops,
+//! fast ops, random, files, and the custom Primitives with the Rust kernels
+//! they call.
+//!
+//! Everything that can throw in C++ is declared `Result`: cxx catches the
+//! exception and hands back MLX's message. Safe wrappers live in the rest of
+//! the crate; nothing outside the crate sees this module.
+
+#[cxx::bridge(namespace = "mlx_backend")]
+pub(crate) mod bridge {
+    // ---- shared types
+
+    /// A device: `device_type` 0 is the CPU, 1 the GPU.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct DeviceSpec {
+        device_type: i32,
+        device_index: i32,
+    }
+
+    /// A stream: an index into MLX's stream table plus its device.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    struct StreamSpec {
+        index: i32,
+        device: DeviceSpec,
+    }
+
+    unsafe extern "C++" {
+        include!("mlx-backend/mlx-kernels-cpp/bridge.h");
+
+        #[namespace = "mlx::core"]
+        type array;
+        type ArrayList;
+        type SafetensorsFile;
+        type GgufFile;
+
+        // ---- devices and streams
+        fn default_device() -> DeviceSpec;
+        fn set_default_device(device: DeviceSpec) -> Result<()>;
+        fn device_is_available(device: DeviceSpec) -> bool;
+        fn device_count(device_type: i32) -> Result<i32>;
+        fn default_stream(device: DeviceSpec) -> Result<StreamSpec>;
+        fn new_stream(device: DeviceSpec) -> Result<StreamSpec>;
+        fn set_default_stream(stream: StreamSpec) -> Result<()>;
+        fn synchronize(stream: StreamSpec) -> Result<()>;
+
+        // ---- memory
+        fn active_memory() -> usize;
+        fn peak_memory() -> usize;
+        fn reset_peak_memory();
+        fn cache_memory() -> usize;
+        fn set_memory_limit(limit: usize) -> usize;
+        fn memory_limit() -> usize;
+        fn set_cache_limit(limit: usize) -> usize;
+        fn clear_cache();
+
+        // ---- arrays and host I/O
+        fn from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<array>>;
+        fn full(shape: &[i32], value: f64, dtype: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn arange(
+            start: f64,
+            stop: f64,
+            step: f64,
+            dtype: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn array_clone(a: &array) -> UniquePtr<array>;
+        fn array_shape(a: &array) -> Vec<i32>;
+        fn array_dtype(a: &array) -> i32;
+        fn array_size(a: &array) -> usize;
+        fn array_nbytes(a: &array) -> usize;
+        fn copy_to_host(a: &array, out: &mut [u8]) -> Result<()>;
+
+        fn new_array_list() -> UniquePtr<ArrayList>;
+        fn array_list_push(list: Pin<&mut ArrayList>, a: &array);
+        fn array_list_len(list: &ArrayList) -> usize;
+        fn array_list_get(list: &ArrayList, index: usize) -> Result<UniquePtr<array>>;
+
+        // ---- evaluation
+        fn eval(a: &array) -> Result<()>;
+        fn eval_list(list: &ArrayList) -> Result<()>;
+        fn async_eval_list(list: &ArrayList) -> Result<()>;
+
+        // ---- ops
+        fn unary(op: i32, a: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn binary(op: i32, a: &array, b: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn reduce(
+            op: i32,
+            a: &array,
+            axes: &[i32],
+            keepdims: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn arg_reduce(
+            op: i32,
+            a: &array,
+            axis: i32,
+            keepdims: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn reshape(a: &array, shape: &[i32], s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn transpose(a: &array, axes: &[i32], s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn squeeze(a: &array, axes: &[i32], s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn expand_dims(a: &array, axes: &[i32], s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn broadcast_to(a: &array, shape: &[i32], s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn flatten(
+            a: &array,
+            start_axis: i32,
+            end_axis: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn slice(
+            a: &array,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn slice_update(
+            src: &array,
+            update: &array,
+            start: &[i32],
+            stop: &[i32],
+            strides: &[i32],
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn slice_dynamic(
+            a: &array,
+            start: &array,
+            axes: &[i32],
+            size: &[i32],
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn slice_update_dynamic(
+            src: &array,
+            update: &array,
+            start: &array,
+            axes: &[i32],
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn concatenate(arrays: &ArrayList, axis: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn stack(arrays: &ArrayList, axis: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn split_sections(
+            a: &array,
+            indices: &[i32],
+            axis: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn take(a: &array, indices: &array, axis: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn take_along_axis(
+            a: &array,
+            indices: &array,
+            axis: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn put_along_axis(
+            a: &array,
+            indices: &array,
+            values: &array,
+            axis: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn where_(cond: &array, x: &array, y: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn astype(a: &array, dtype: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn contiguous(a: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn clip(a: &array, lo: f64, hi: f64, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn argpartition(a: &array, kth: i32, axis: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn topk(a: &array, k: i32, axis: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn sort(a: &array, axis: i32, indices: bool, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn cumsum(
+            a: &array,
+            axis: i32,
+            reverse: bool,
+            inclusive: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn softmax(
+            a: &array,
+            axes: &[i32],
+            precise: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn matmul(a: &array, b: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn quantize(
+            w: &array,
+            group_size: i32,
+            bits: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<ArrayList>>;
+        unsafe fn dequantize(
+            w: &array,
+            scales: &array,
+            biases: *const array,
+            group_size: i32,
+            bits: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn quantized_matmul(
+            x: &array,
+            w: &array,
+            scales: &array,
+            biases: *const array,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn gather_qmm(
+            x: &array,
+            w: &array,
+            scales: &array,
+            biases: *const array,
+            lhs_indices: *const array,
+            rhs_indices: *const array,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            sorted_indices: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        unsafe fn gather_mm(
+            a: &array,
+            b: &array,
+            lhs_indices: *const array,
+            rhs_indices: *const array,
+            sorted_indices: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+
+        // ---- fast ops
+        unsafe fn fast_rms_norm(
+            x: &array,
+            weight: *const array,
+            eps: f32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        unsafe fn fast_layer_norm(
+            x: &array,
+            weight: *const array,
+            bias: *const array,
+            eps: f32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn fast_rope(
+            x: &array,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: i32,
+            freqs: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn fast_rope_dynamic(
+            x: &array,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offset: &array,
+            freqs: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        unsafe fn fast_sdpa(
+            q: &array,
+            k: &array,
+            v: &array,
+            scale: f32,
+            mask_mode: &str,
+            mask: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+
+        // ---- random
+        fn random_key(seed: u64) -> Result<UniquePtr<array>>;
+        fn random_seed(seed: u64);
+        fn random_split(key: &array, num: i32, s: StreamSpec) -> Result<UniquePtr<array>>;
+        unsafe fn random_uniform(
+            low: &array,
+            high: &array,
+            shape: &[i32],
+            dtype: i32,
+            key: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        unsafe fn random_normal(
+            shape: &[i32],
+            dtype: i32,
+            loc: f32,
+            scale: f32,
+            key: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        unsafe fn random_categorical(
+            logits: &array,
+            axis: i32,
+            key: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        unsafe fn random_gumbel(
+            shape: &[i32],
+            dtype: i32,
+            key: *const array,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+
+        // ---- files
+        fn load_safetensors(path: &str) -> Result<UniquePtr<SafetensorsFile>>;
+        fn safetensors_names(f: &SafetensorsFile) -> Vec<String>;
+        fn safetensors_get(f: &SafetensorsFile, name: &str) -> Result<UniquePtr<array>>;
+        fn safetensors_metadata_keys(f: &SafetensorsFile) -> Vec<String>;
+        fn safetensors_metadata_get(f: &SafetensorsFile, key: &str) -> Result<String>;
+        fn save_safetensors(
+            path: &str,
+            names: &Vec<String>,
+            arrays: &ArrayList,
+            metadata_keys: &Vec<String>,
+            metadata_values: &Vec<String>,
+        ) -> Result<()>;
+
+        fn load_gguf(path: &str) -> Result<UniquePtr<GgufFile>>;
+        fn gguf_names(f: &GgufFile) -> Vec<String>;
+        fn gguf_get(f: &GgufFile, name: &str) -> Result<UniquePtr<array>>;
+        fn gguf_metadata_keys(f: &GgufFile) -> Vec<String>;
+        fn gguf_metadata_kind(f: &GgufFile, key: &str) -> i32;
+        fn gguf_metadata_array(f: &GgufFile, key: &str) -> Result<UniquePtr<array>>;
+        fn gguf_metadata_string(f: &GgufFile, key: &str) -> Result<String>;
+        fn gguf_metadata_strings(f: &GgufFile, key: &str) -> Result<Vec<String>>;
+    }
+}
+
+pub(crate) use bridge::*;
