@@ -18,6 +18,7 @@ mod ffi;
 mod gguf_check;
 pub mod io;
 pub mod memory;
+pub mod model;
 pub mod ops;
 
 pub use array::{async_eval, eval, Array};

@@ -1,0 +1,505 @@
+//! The building blocks every family shares: linear layers (dense or
+//! quantized), embeddings (dense or quantized, usable as the tied lm_head),
+//! RMSNorm, rotary embeddings with mlx-lm's scalings, GQA attention over a
+//! caller-owned KV cache, the SwiGLU MLP and the sparse MoE block.
+
+use super::config::{ModelConfig, MoeConfig, RopeScaling};
+use super::error::ModelLoadError;
+use super::kv_cache::LayerKvCache;
+use super::weights::Weights;
+use crate::ops::{scaled_dot_product_attention, AttentionMask, Quantized, RopeOffset};
+use crate::{Array, Dtype, OpError};
+
+/// `y = x·Wᵀ (+ b)`, W dense or affine-quantized.
+pub enum Linear {
+    Dense { weight: Array, bias: Option<Array> },
+    Quantized { q: Quantized, bias: Option<Array> },
+}
+
+impl Linear {
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        in_f: usize,
+        out_f: usize,
+        bias: bool,
+    ) -> Result<Linear, ModelLoadError> {
+        let bias = if bias {
+            Some(w.get_shaped(&format!("{prefix}.bias"), &[out_f as i32])?)
+        } else {
+            None
+        };
+        match w.quantized(prefix, in_f)? {
+            Some(q) => {
+                if q.weight.dim(0)? != out_f as i32 {
+                    return Err(ModelLoadError::WrongShape {
+                        name: format!("{prefix}.weight"),
+                        expected: vec![out_f as i32, (in_f as i32) * q.bits / 32],
+                        found: q.weight.shape(),
+                    });
+                }
+                Ok(Linear::Quantized { q, bias })
+            }
+            None => Ok(Linear::Dense {
+                weight: w.get_shaped(&format!("{prefix}.weight"), &[out_f as i32, in_f as i32])?,
+                bias,
+            }),
+        }
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array, OpError> {
+        let (y, bias) = match self {
+            Linear::Dense { weight, bias } => (x.matmul(&weight.t()?)?, bias),
+            Linear::Quantized { q, bias } => (q.matmul(x, true)?, bias),
+        };
+        match bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// Token embeddings; also the lm_head when weights are tied.
+pub enum Embedding {
+    Dense(Array),
+    Quantized(Quantized),
+}
+
+impl Embedding {
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        vocab: usize,
+        hidden: usize,
+    ) -> Result<Embedding, ModelLoadError> {
+        match w.quantized(prefix, hidden)? {
+            Some(q) => Ok(Embedding::Quantized(q)),
+            None => Ok(Embedding::Dense(w.get_shaped(
+                &format!("{prefix}.weight"),
+                &[vocab as i32, hidden as i32],
+            )?)),
+        }
+    }
+
+    /// Rows for `ids` (any shape) → `[..., hidden]`.
+    pub fn forward(&self, ids: &Array) -> Result<Array, OpError> {
+        match self {
+            Embedding::Dense(w) => w.take(ids, 0),
+            Embedding::Quantized(q) => Quantized {
+                weight: q.weight.take(ids, 0)?,
+                scales: q.scales.take(ids, 0)?,
+                biases: q.biases.take(ids, 0)?,
+                group_size: q.group_size,
+                bits: q.bits,
+            }
+            .dequantize(),
+        }
+    }
+
+    /// `x·Eᵀ`: logits through the tied embedding matrix.
+    pub fn as_linear(&self, x: &Array) -> Result<Array, OpError> {
+        match self {
+            Embedding::Dense(w) => x.matmul(&w.t()?),
+            Embedding::Quantized(q) => q.matmul(x, true),
+        }
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        match self {
+            Embedding::Dense(w) => w.dtype(),
+            Embedding::Quantized(q) => q.scales.dtype(),
+        }
+    }
+}
+
+/// RMSNorm with a learned scale (not Gemma's `1 + w`).
+pub struct RmsNorm {
+    pub weight: Array,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &Weights, name: &str, dim: usize, eps: f32) -> Result<RmsNorm, ModelLoadError> {
+        Ok(RmsNorm {
+            weight: w.get_shaped(name, &[dim as i32])?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array, OpError> {
+        super::fused::rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+/// Rotary embedding as mlx-lm's `initialize_rope` builds it.
+pub struct Rope {
+    dims: i32,
+    traditional: bool,
+    base: f32,
+    scale: f32,
+    freqs: Option<Array>,
+    /// YaRN's attention scaling of the rotated features.
+    mscale: f32,
+}
+
+impl Rope {
+    pub fn new(c: &ModelConfig) -> Result<Rope, OpError> {
+        let dims = c.head_dim as i32;
+        let mut rope = Rope {
+            dims,
+            traditional: c.rope_traditional,
+            base: c.rope_theta,
+            scale: 1.0,
+            freqs: None,
+            mscale: 1.0,
+        };
+        let base = c.rope_theta as f64;
+        let d = dims as f64;
+        let exps: Vec<f64> = (0..dims / 2).map(|i| (2 * i) as f64 / d).collect();
+        match &c.rope_scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => rope.scale = 1.0 / factor,
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                let (factor, lo, hi, old) = (
+                    *factor as f64,
+                    *low_freq_factor as f64,
+                    *high_freq_factor as f64,
+                    *original_max_position_embeddings as f64,
+                );
+                let (low_wavelen, high_wavelen) = (old / lo, old / hi);
+                let freqs: Vec<f32> = exps
+                    .iter()
+                    .map(|e| {
+                        let f = base.powf(*e);
+                        let wavelen = 2.0 * std::f64::consts::PI * f;
+                        let scaled = if wavelen > low_wavelen { f * factor } else { f };
+                        if wavelen > high_wavelen && wavelen < low_wavelen {
+                            let smooth = (old / wavelen - lo) / (hi - lo);
+                            (scaled / ((1.0 - smooth) / factor + smooth)) as f32
+                        } else {
+                            scaled as f32
+                        }
+                    })
+                    .collect();
+                rope.freqs =
+                    Some(Array::from_slice(&freqs, &[freqs.len() as i32]).map_err(host_err)?);
+            }
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+                attention_factor,
+            }) => {
+                let factor = *factor as f64;
+                let orig = *original_max_position_embeddings as f64;
+                let correction_dim = |rot: f64| {
+                    (d * (orig / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+                };
+                let low = correction_dim(*beta_fast as f64).floor().max(0.0);
+                let high = correction_dim(*beta_slow as f64).ceil().min(d - 1.0);
+                let get_mscale = |scale: f64, m: f64| {
+                    if scale <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * scale.ln() + 1.0
+                    }
+                };
+                rope.mscale = match attention_factor {
+                    Some(a) => *a,
+                    None => {
+                        (get_mscale(factor, *mscale as f64)
+                            / get_mscale(factor, *mscale_all_dim as f64))
+                            as f32
+                    }
+                };
+                let high = if high == low { high + 0.001 } else { high };
+                let freqs: Vec<f32> = exps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        let extra = base.powf(*e);
+                        let inter = factor * extra;
+                        let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                        let mask = 1.0 - ramp;
+                        ((inter * extra) / (inter * mask + extra * (1.0 - mask))) as f32
+                    })
+                    .collect();
+                rope.freqs =
+                    Some(Array::from_slice(&freqs, &[freqs.len() as i32]).map_err(host_err)?);
+            }
+        }
+        Ok(rope)
+    }
+
+    pub fn forward(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Array, OpError> {
+        let x = if self.mscale != 1.0 {
+            let rotated = x
+                .slice_axis(-1, 0, self.dims)?
+                .mul_scalar(self.mscale as f64)?;
+            let d = x.dim(-1)?;
+            if d > self.dims {
+                crate::ops::concatenate(&[&rotated, &x.slice_axis(-1, self.dims, d)?], -1)?
+            } else {
+                rotated
+            }
+        } else {
+            x.clone()
+        };
+        x.rope(
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            offset,
+            self.freqs.as_ref(),
+        )
+    }
+}
+
+fn host_err(e: crate::HostDataError) -> OpError {
+    OpError::new("rope", e.to_string())
+}
+
+/// Multi-head attention with grouped KV heads, optional q/k/v bias (Qwen2)
+/// and per-head q/k RMSNorm (Qwen3).
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    rope: Rope,
+}
+
+impl Attention {
+    pub fn load(w: &Weights, prefix: &str, c: &ModelConfig) -> Result<Attention, ModelLoadError> {
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (nq, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let norm = |name: &str| -> Result<Option<RmsNorm>, ModelLoadError> {
+            if c.qk_norm {
+                Ok(Some(RmsNorm::load(
+                    w,
+                    &format!("{prefix}.{name}.weight"),
+                    hd,
+                    c.rms_norm_eps,
+                )?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Attention {
+            q_proj: Linear::load(w, &format!("{prefix}.q_proj"), h, nq * hd, c.attention_bias)?,
+            k_proj: Linear::load(
+                w,
+                &format!("{prefix}.k_proj"),
+                h,
+                nkv * hd,
+                c.attention_bias,
+            )?,
+            v_proj: Linear::load(
+                w,
+                &format!("{prefix}.v_proj"),
+                h,
+                nkv * hd,
+                c.attention_bias,
+            )?,
+            o_proj: Linear::load(w, &format!("{prefix}.o_proj"), nq * hd, h, false)?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            n_heads: nq as i32,
+            n_kv_heads: nkv as i32,
+            head_dim: hd as i32,
+            scale: (hd as f32).powf(-0.5),
+            rope: Rope::new(c)?,
+        })
+    }
+
+    /// `x [B, L, H]` → `[B, L, H]`, appending this step's keys/values to `cache`.
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut LayerKvCache,
+        mask: AttentionMask<'_>,
+    ) -> Result<Array, OpError> {
+        let shape = x.shape();
+        let (b, l) = (shape[0], shape[1]);
+        let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array, OpError> {
+            let t = t.reshape(&[b, l, n, self.head_dim])?;
+            let t = match norm {
+                Some(norm) => norm.forward(&t)?,
+                None => t,
+            };
+            t.transpose(&[0, 2, 1, 3])
+        };
+        let q = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        let offset = cache.offset();
+        let q = self.rope.forward(&q, RopeOffset::Static(offset))?;
+        let k = self.rope.forward(&k, RopeOffset::Static(offset))?;
+        let (k, v) = cache.update(&k, &v)?;
+        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
+        self.o_proj
+            .forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
+
+/// SwiGLU: `down(silu(gate(x)) * up(x))`.
+pub struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<Mlp, ModelLoadError> {
+        Ok(Mlp {
+            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), hidden, inter, false)?,
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), hidden, inter, false)?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), inter, hidden, false)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array, OpError> {
+        let h = match (&self.gate_proj, &self.up_proj) {
+            (Linear::Quantized { q: g, bias: None }, Linear::Quantized { q: u, bias: None }) => {
+                super::fused::gate_qmv_silu_mul(x, g, u)?
+            }
+            _ => self
+                .gate_proj
+                .forward(x)?
+                .silu()?
+                .mul(&self.up_proj.forward(x)?)?,
+        };
+        self.down_proj.forward(&h)
+    }
+}
+
+/// Stacked expert weights `[E, N, K]`, dense or quantized (mlx-lm's SwitchLinear).
+enum SwitchLinear {
+    Dense(Array),
+    Quantized(Quantized),
+}
+
+impl SwitchLinear {
+    fn load(
+        w: &Weights,
+        prefix: &str,
+        experts: usize,
+        in_f: usize,
+        out_f: usize,
+    ) -> Result<SwitchLinear, ModelLoadError> {
+        match w.quantized(prefix, in_f)? {
+            Some(q) => Ok(SwitchLinear::Quantized(q)),
+            None => Ok(SwitchLinear::Dense(w.get_shaped(
+                &format!("{prefix}.weight"),
+                &[experts as i32, out_f as i32, in_f as i32],
+            )?)),
+        }
+    }
+
+    /// `x [..., 1, 1, K]`, `idx [..., k]` → `[..., k, 1, N]`.
+    fn forward(&self, x: &Array, idx: &Array) -> Result<Array, OpError> {
+        match self {
+            SwitchLinear::Dense(w) => {
+                x.gather_mm(&w.transpose(&[0, 2, 1])?, None, Some(idx), false)
+            }
+            SwitchLinear::Quantized(q) => q.gather_matmul(x, None, Some(idx), true, false),
+        }
+    }
+}
+
+/// The sparse MoE block: softmax router, top-k experts by argpartition (as
+/// mlx-lm), optional renormalisation, SwitchGLU experts, the score-weighted
+/// combine, and Qwen2-MoE's sigmoid-gated shared expert.
+pub struct SparseMoe {
+    router: Linear,
+    gate_proj: SwitchLinear,
+    up_proj: SwitchLinear,
+    down_proj: SwitchLinear,
+    shared: Option<(Mlp, Linear)>,
+    top_k: i32,
+    norm_topk_prob: bool,
+}
+
+impl SparseMoe {
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        c: &ModelConfig,
+        moe: &MoeConfig,
+    ) -> Result<SparseMoe, ModelLoadError> {
+        let (h, e, inter) = (c.hidden_size, moe.num_experts, moe.moe_intermediate_size);
+        let shared = if moe.shared_expert_intermediate_size > 0 {
+            Some((
+                Mlp::load(
+                    w,
+                    &format!("{prefix}.shared_expert"),
+                    h,
+                    moe.shared_expert_intermediate_size,
+                )?,
+                Linear::load(w, &format!("{prefix}.shared_expert_gate"), h, 1, false)?,
+            ))
+        } else {
+            None
+        };
+        let sw = format!("{prefix}.switch_mlp");
+        Ok(SparseMoe {
+            router: Linear::load(w, &format!("{prefix}.gate"), h, e, false)?,
+            gate_proj: SwitchLinear::load(w, &format!("{sw}.gate_proj"), e, h, inter)?,
+            up_proj: SwitchLinear::load(w, &format!("{sw}.up_proj"), e, h, inter)?,
+            down_proj: SwitchLinear::load(w, &format!("{sw}.down_proj"), e, inter, h)?,
+            shared,
+            top_k: moe.num_experts_per_tok as i32,
+            norm_topk_prob: moe.norm_topk_prob,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array, OpError> {
+        let gates = self.router.forward(x)?.softmax(&[-1], true)?;
+        let e = gates.dim(-1)?;
+        let k = self.top_k;
+        let inds = gates.neg()?.argpartition(k - 1, -1)?.slice_axis(-1, 0, k)?;
+        let mut scores = gates.take_along_axis(&inds, -1)?;
+        if self.norm_topk_prob {
+            scores = scores.div(&scores.sum(&[-1], true)?)?;
+        }
+        debug_assert!(e >= k);
+        let xe = x.expand_dims(&[-2, -3])?;
+        let y = match (&self.gate_proj, &self.up_proj) {
+            (SwitchLinear::Quantized(g), SwitchLinear::Quantized(u)) => {
+                super::fused::gather_gate_qmv_silu_mul(x, &inds, g, u)?.expand_dims(&[-2])?
+            }
+            _ => {
+                let g = self.gate_proj.forward(&xe, &inds)?;
+                let u = self.up_proj.forward(&xe, &inds)?;
+                g.silu()?.mul(&u)?
+            }
+        };
+        let y = self.down_proj.forward(&y, &inds)?.squeeze(&[-2])?;
+        let mut out = super::fused::moe_combine(&y, &scores)?;
+        if let Some((mlp, gate)) = &self.shared {
+            let shared = mlp.forward(x)?.mul(&gate.forward(x)?.sigmoid()?)?;
+            out = out.add(&shared)?;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,160 @@
+//! Models: Llama/SmolLM2, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE over shared
+//! layers, loaded from HF folders (f32/f16/bf16 safetensors), mlx-community
+//! quantized folders, or GGUF files. The forward pass takes per-layer KV
+//! caches from the caller.
+
+pub mod config;
+mod error;
+mod fused;
+mod gguf;
+pub mod kv_cache;
+mod layers;
+mod llama;
+mod qwen2;
+mod qwen3;
+mod qwen_moe;
+mod transformer;
+mod weights;
+
+pub use config::{Architecture, ModelConfig, MoeConfig, QuantConfig, RopeScaling};
+pub use error::{ForwardError, ModelLoadError};
+pub use kv_cache::LayerKvCache;
+pub use transformer::{Logits, Transformer};
+
+use crate::io::{GgufFile, SafetensorsFile};
+use crate::{Array, Dtype};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use weights::Weights;
+
+/// Options for [`load`].
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Cast floating tensors (norms, scales, dense weights) to this dtype.
+    pub dtype: Option<Dtype>,
+    /// Quantize an unquantized checkpoint on load: `(group_size, bits)`.
+    pub quantize: Option<(i32, i32)>,
+}
+
+/// Where a model came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelFormat {
+    Gguf,
+    HfFolder,
+}
+
+/// A loaded model and its origin.
+pub struct LoadedModel {
+    pub model: Transformer,
+    pub format: ModelFormat,
+    pub path: PathBuf,
+}
+
+/// Load a GGUF file or an HF-style folder (config.json + safetensors).
+pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<LoadedModel, ModelLoadError> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        let (config, tensors) = read_hf_folder(path)?;
+        let model = build(config, tensors, false, options)?;
+        return Ok(LoadedModel {
+            model,
+            format: ModelFormat::HfFolder,
+            path: path.to_path_buf(),
+        });
+    }
+    let file = GgufFile::load(path)?;
+    let config = ModelConfig::from_gguf(&file)?;
+    let tensors = gguf::tensors(&file)?;
+    let model = build(config, tensors, true, options)?;
+    Ok(LoadedModel {
+        model,
+        format: ModelFormat::Gguf,
+        path: path.to_path_buf(),
+    })
+}
+
+fn build(
+    config: ModelConfig,
+    mut tensors: BTreeMap<String, Array>,
+    from_gguf: bool,
+    options: &LoadOptions,
+) -> Result<Transformer, ModelLoadError> {
+    qwen_moe::stack_experts(&mut tensors, &config)?;
+    let mut weights = Weights::new(tensors, config.quantization.clone(), from_gguf);
+    if let Some(dtype) = options.dtype {
+        weights.cast_floats(dtype)?;
+    }
+    let mut config = config;
+    if let Some((group_size, bits)) = options.quantize {
+        if config.quantization.is_none() && !from_gguf {
+            // Norms and the MoE router stay dense, as mlx-lm's quantize does for
+            // layers whose input size the group does not divide.
+            weights.quantize_linears(group_size, bits, |name| {
+                name.contains("norm") || name.ends_with("mlp.gate.weight")
+            })?;
+            config.quantization = Some(QuantConfig {
+                group_size,
+                bits,
+                overrides: Vec::new(),
+            });
+        }
+    }
+    match config.architecture {
+        Architecture::Llama => llama::load(config, &weights),
+        Architecture::Qwen2 => qwen2::load(config, &weights),
+        Architecture::Qwen3 => qwen3::load(config, &weights),
+        Architecture::Qwen2Moe | Architecture::Qwen3Moe => qwen_moe::load(config, &weights),
+    }
+}
+
+fn io_err(path: &Path, e: impl std::fmt::Display) -> ModelLoadError {
+    ModelLoadError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The config and all tensors of an HF / mlx-community folder.
+fn read_hf_folder(dir: &Path) -> Result<(ModelConfig, BTreeMap<String, Array>), ModelLoadError> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| io_err(&config_path, e))?;
+    let config = ModelConfig::from_json(&text, &config_path.display().to_string())?;
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| io_err(&index, e))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| io_err(&index, "no weight_map"))?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(|f| f.as_str().map(String::from))
+            .collect();
+        files.sort();
+        files.dedup();
+        files.into_iter().map(|f| dir.join(f)).collect()
+    } else {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| io_err(dir, e))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "safetensors")
+                    && p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("model"))
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    if files.is_empty() {
+        return Err(io_err(dir, "no model*.safetensors files"));
+    }
+    let mut tensors = BTreeMap::new();
+    for f in files {
+        let file = SafetensorsFile::load(&f)?;
+        tensors.extend(file.tensors());
+    }
+    Ok((config, tensors))
+}

@@ -1,0 +1,177 @@
+//! The decoder stack every family shares: embeddings, pre-norm blocks
+//! (attention + dense MLP or sparse MoE), final norm, lm_head (tied or not).
+
+use super::config::ModelConfig;
+use super::error::{ForwardError, ModelLoadError};
+use super::kv_cache::LayerKvCache;
+use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm, SparseMoe};
+use super::weights::Weights;
+use crate::ops::AttentionMask;
+use crate::{Array, OpError};
+
+/// The feed-forward half of a block.
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array, OpError> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Sparse(m) => m.forward(x),
+        }
+    }
+}
+
+pub struct Block {
+    input_layernorm: RmsNorm,
+    attention: Attention,
+    post_attention_layernorm: RmsNorm,
+    feed_forward: FeedForward,
+}
+
+impl Block {
+    fn forward(
+        &self,
+        x: &Array,
+        cache: &mut LayerKvCache,
+        mask: AttentionMask<'_>,
+    ) -> Result<Array, OpError> {
+        let h = x.add(&self.attention.forward(
+            &self.input_layernorm.forward(x)?,
+            cache,
+            mask,
+        )?)?;
+        h.add(
+            &self
+                .feed_forward
+                .forward(&self.post_attention_layernorm.forward(&h)?)?,
+        )
+    }
+}
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position: `[B, L, V]`.
+    All,
+    /// Only the last position of each row: `[B, 1, V]` (what sampling needs).
+    Last,
+}
+
+/// A decoder-only transformer in mlx-lm's layout.
+pub struct Transformer {
+    pub config: ModelConfig,
+    embed_tokens: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl Transformer {
+    /// Build from HF-named weights; `feed_forward(i)` picks each block's MLP.
+    pub(crate) fn load(
+        config: ModelConfig,
+        w: &Weights,
+        feed_forward: impl Fn(&Weights, &str, usize) -> Result<FeedForward, ModelLoadError>,
+    ) -> Result<Transformer, ModelLoadError> {
+        let c = &config;
+        let embed_tokens = Embedding::load(w, "model.embed_tokens", c.vocab_size, c.hidden_size)?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            layers.push(Block {
+                input_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{p}.input_layernorm.weight"),
+                    c.hidden_size,
+                    c.rms_norm_eps,
+                )?,
+                attention: Attention::load(w, &format!("{p}.self_attn"), c)?,
+                post_attention_layernorm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    c.hidden_size,
+                    c.rms_norm_eps,
+                )?,
+                feed_forward: feed_forward(w, &format!("{p}.mlp"), i)?,
+            });
+        }
+        let norm = RmsNorm::load(w, "model.norm.weight", c.hidden_size, c.rms_norm_eps)?;
+        let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
+            None
+        } else {
+            Some(Linear::load(
+                w,
+                "lm_head",
+                c.hidden_size,
+                c.vocab_size,
+                false,
+            )?)
+        };
+        Ok(Transformer {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The dtype activations flow in (that of the embedding's values).
+    pub fn dtype(&self) -> crate::Dtype {
+        self.embed_tokens.dtype()
+    }
+
+    /// One forward pass: `tokens [B, L]` (int32/uint32) at the caches'
+    /// current offset (equal across the batch); appends to the caches and
+    /// returns float32 logits.
+    pub fn forward(
+        &self,
+        tokens: &Array,
+        caches: &mut [LayerKvCache],
+        logits: Logits,
+    ) -> Result<Array, ForwardError> {
+        let shape = tokens.shape();
+        if shape.len() != 2 || tokens.dtype().is_float() {
+            return Err(ForwardError::BadTokens(shape));
+        }
+        if caches.len() != self.layers.len() {
+            return Err(ForwardError::CacheCount {
+                expected: self.layers.len(),
+                got: caches.len(),
+            });
+        }
+        let l = shape[1];
+        let mask = if l > 1 {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::None
+        };
+        let mut h = self.embed_tokens.forward(tokens)?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            h = layer.forward(&h, cache, mask)?;
+        }
+        if logits == Logits::Last && l > 1 {
+            h = h.slice_axis(1, l - 1, l)?;
+        }
+        let h = self.norm.forward(&h)?;
+        let out = match &self.lm_head {
+            Some(head) => head.forward(&h)?,
+            None => self.embed_tokens.as_linear(&h)?,
+        };
+        Ok(out.astype(crate::Dtype::F32)?)
+    }
+
+    /// Fresh caches, one per layer.
+    pub fn new_caches(&self, step: i32) -> Vec<LayerKvCache> {
+        (0..self.layers.len())
+            .map(|_| LayerKvCache::new(step))
+            .collect()
+    }
+}

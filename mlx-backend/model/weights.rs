@@ -1,0 +1,172 @@
+//! The tensors of a checkpoint by HF name, whatever file they came from, and
+//! the typed lookups layers use (shape checks, quantized companions).
+
+use super::config::QuantConfig;
+use super::error::ModelLoadError;
+use crate::ops::Quantized;
+use crate::Array;
+use std::collections::BTreeMap;
+
+pub struct Weights {
+    tensors: BTreeMap<String, Array>,
+    quantization: Option<QuantConfig>,
+    /// GGUF files carry no quantization config: group 32, bits from shapes.
+    infer_quantization: bool,
+}
+
+impl Weights {
+    pub fn new(
+        tensors: BTreeMap<String, Array>,
+        quantization: Option<QuantConfig>,
+        infer_quantization: bool,
+    ) -> Weights {
+        Weights {
+            tensors,
+            quantization,
+            infer_quantization,
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<Array, ModelLoadError> {
+        self.tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ModelLoadError::MissingTensor(name.into()))
+    }
+
+    /// A tensor that must have exactly `shape`.
+    pub fn get_shaped(&self, name: &str, shape: &[i32]) -> Result<Array, ModelLoadError> {
+        let a = self.get(name)?;
+        if a.shape() != shape {
+            return Err(ModelLoadError::WrongShape {
+                name: name.into(),
+                expected: shape.to_vec(),
+                found: a.shape(),
+            });
+        }
+        Ok(a)
+    }
+
+    /// The quantized matrix at `prefix` (`prefix.weight` + `.scales` + `.biases`),
+    /// or None when the checkpoint stores it unquantized. `in_features` is K.
+    pub fn quantized(
+        &self,
+        prefix: &str,
+        in_features: usize,
+    ) -> Result<Option<Quantized>, ModelLoadError> {
+        let scales_name = format!("{prefix}.scales");
+        if !self.contains(&scales_name) {
+            return Ok(None);
+        }
+        let weight_name = format!("{prefix}.weight");
+        let weight = self.get(&weight_name)?;
+        let scales = self.get(&scales_name)?;
+        let biases = self.get(&format!("{prefix}.biases"))?;
+        let (w_shape, s_shape) = (weight.shape(), scales.shape());
+        let (Some(&packed), Some(&groups)) = (w_shape.last(), s_shape.last()) else {
+            return Err(bad(&weight_name, "quantized weight must have rank >= 1"));
+        };
+        if weight.dtype() != crate::Dtype::U32 {
+            return Err(bad(
+                &weight_name,
+                &format!("packed weight must be uint32, is {}", weight.dtype()),
+            ));
+        }
+        if groups <= 0 || in_features as i32 % groups != 0 {
+            return Err(bad(
+                &scales_name,
+                &format!("{groups} groups do not divide {in_features} inputs"),
+            ));
+        }
+        let group_size = in_features as i32 / groups;
+        let bits = packed * 32 / in_features as i32;
+        if packed * 32 != bits * in_features as i32 {
+            return Err(bad(
+                &weight_name,
+                &format!("packed width {packed} fits no bit width for {in_features} inputs"),
+            ));
+        }
+        if let Some((g, b)) = self.configured(prefix) {
+            if (g, b) != (group_size, bits) {
+                return Err(bad(
+                    &weight_name,
+                    &format!("config says group {g} / {b} bits, shapes say group {group_size} / {bits} bits"),
+                ));
+            }
+        } else if !self.infer_quantization {
+            return Err(bad(
+                &weight_name,
+                "quantized tensors but no quantization config",
+            ));
+        }
+        Ok(Some(Quantized {
+            weight,
+            scales,
+            biases,
+            group_size,
+            bits,
+        }))
+    }
+
+    fn configured(&self, prefix: &str) -> Option<(i32, i32)> {
+        let q = self.quantization.as_ref()?;
+        for (path, o) in &q.overrides {
+            if path == prefix {
+                return *o;
+            }
+        }
+        Some((q.group_size, q.bits))
+    }
+
+    /// Cast every floating tensor (scales, biases, norms, dense weights) to `dtype`.
+    pub fn cast_floats(&mut self, dtype: crate::Dtype) -> Result<(), ModelLoadError> {
+        for a in self.tensors.values_mut() {
+            if a.dtype().is_float() && a.dtype() != dtype {
+                *a = a.astype(dtype)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Quantize every dense 2-D+ `*.weight` of a linear layer (not norms or
+    /// embeddings when `skip` says so) in place, with `group_size` / `bits`.
+    pub fn quantize_linears(
+        &mut self,
+        group_size: i32,
+        bits: i32,
+        skip: impl Fn(&str) -> bool,
+    ) -> Result<(), ModelLoadError> {
+        let names: Vec<String> = self
+            .tensors
+            .iter()
+            .filter(|(n, a)| {
+                n.ends_with(".weight") && a.ndim() >= 2 && a.dtype().is_float() && !skip(n)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let prefix = name.trim_end_matches(".weight").to_string();
+            let q = crate::ops::quantize(&self.tensors[&name], group_size, bits)?;
+            self.tensors.insert(name, q.weight);
+            self.tensors.insert(format!("{prefix}.scales"), q.scales);
+            self.tensors.insert(format!("{prefix}.biases"), q.biases);
+        }
+        self.quantization = Some(QuantConfig {
+            group_size,
+            bits,
+            overrides: Vec::new(),
+        });
+        Ok(())
+    }
+}
+
+fn bad(name: &str, message: &str) -> ModelLoadError {
+    ModelLoadError::BadTensor {
+        name: name.into(),
+        message: message.into(),
+    }
+}

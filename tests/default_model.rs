@@ -1,0 +1,84 @@
+//! The real default model (SmolLM2-135M-Instruct Q4_1 GGUF) against the
+//! committed goldens from mlx-lm and llama.cpp (tests/reference/).
+
+use mlx_backend::model::{self, LoadOptions, Logits};
+use mlx_backend::Array;
+use std::path::PathBuf;
+
+fn default_model_path() -> Option<PathBuf> {
+    let cache = std::env::var("MLX_BACKEND_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/mlx-backend")
+        });
+    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    p.is_file().then_some(p)
+}
+
+fn goldens() -> serde_json::Value {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/reference/default_model.json"
+    ))
+    .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn greedy(m: &model::Transformer, prompt: &[u32], max_new: usize, eos: u32) -> Vec<u32> {
+    let mut caches = m.new_caches(256);
+    let mut tokens = Array::from_slice(prompt, &[1, prompt.len() as i32]).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..max_new {
+        let logits = m.forward(&tokens, &mut caches, Logits::Last).unwrap();
+        let next = logits
+            .argmax(-1, false)
+            .unwrap()
+            .reshape(&[-1])
+            .unwrap()
+            .to_vec::<u32>()
+            .unwrap()[0];
+        out.push(next);
+        if next == eos {
+            break;
+        }
+        tokens = Array::from_slice(&[next], &[1, 1]).unwrap();
+    }
+    out
+}
+
+#[test]
+fn greedy_chat_matches_mlx_lm_and_llama_cpp() {
+    let Some(path) = default_model_path() else {
+        eprintln!("default model not in the cache: run scripts/fetch-default-model.sh");
+        return;
+    };
+    let g = goldens();
+    let loaded = model::load(&path, &LoadOptions::default()).unwrap();
+    let m = &loaded.model;
+    for (prompt, mlx, llama) in [
+        (
+            &g["chat"]["prompt_token_ids"],
+            &g["mlx"]["greedy"]["token_ids"],
+            &g["llama_cpp"]["greedy"]["token_ids"],
+        ),
+        (
+            &g["chat_extra"]["list_multi_turn"]["prompt_token_ids"],
+            &g["mlx"]["greedy_extra"]["list_multi_turn"]["greedy"]["token_ids"],
+            &g["llama_cpp"]["greedy_extra"]["list_multi_turn"]["greedy"]["token_ids"],
+        ),
+    ] {
+        let prompt = ids(prompt);
+        let expected = ids(mlx);
+        let got = greedy(m, &prompt, expected.len().max(8), 2);
+        assert_eq!(got, expected, "greedy tokens differ from mlx-lm");
+        assert_eq!(got, ids(llama), "greedy tokens differ from llama.cpp");
+    }
+}
