@@ -20,6 +20,7 @@ pub mod io;
 pub mod memory;
 pub mod model;
 pub mod ops;
+pub mod runner;
 
 pub use array::{async_eval, eval, Array};
 pub use device::{Device, Stream};

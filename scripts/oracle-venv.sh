@@ -14,6 +14,7 @@ PINS=(
   "numpy==2.4.6"
   "gguf==0.19.0"
   "transformers==5.24.0"
+  "tokenizers==0.23.3"
 )
 
 CACHE="${MLX_BACKEND_CACHE:-$HOME/.cache/mlx-backend}"

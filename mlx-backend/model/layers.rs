@@ -327,13 +327,8 @@ impl Attention {
         })
     }
 
-    /// `x [B, L, H]` → `[B, L, H]`, appending this step's keys/values to `cache`.
-    pub fn forward(
-        &self,
-        x: &Array,
-        cache: &mut LayerKvCache,
-        mask: AttentionMask<'_>,
-    ) -> Result<Array, OpError> {
+    /// q, k, v as `[B, heads, L, D]`, before RoPE.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array), OpError> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array, OpError> {
@@ -344,16 +339,111 @@ impl Attention {
             };
             t.transpose(&[0, 2, 1, 3])
         };
-        let q = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        Ok((
+            heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?,
+            heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?,
+            heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?,
+        ))
+    }
+
+    fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array, OpError> {
+        self.o_proj
+            .forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+
+    /// `x [B, L, H]` → `[B, L, H]` for rows that share one cache (and offset),
+    /// appending this step's keys/values to `cache`.
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut LayerKvCache,
+        mask: AttentionMask<'_>,
+    ) -> Result<Array, OpError> {
+        let shape = x.shape();
+        let (q, k, v) = self.project(x)?;
         let offset = cache.offset();
         let q = self.rope.forward(&q, RopeOffset::Static(offset))?;
         let k = self.rope.forward(&k, RopeOffset::Static(offset))?;
         let (k, v) = cache.update(&k, &v)?;
         let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
-        self.o_proj
-            .forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+        self.output(&o, shape[0], shape[1])
+    }
+
+    /// One decode step for `B` requests of different lengths, `x [B, 1, H]`,
+    /// each with its own cache: keys/values are gathered into a left-padded
+    /// batch and `ragged.mask` hides the padding.
+    pub fn forward_ragged(
+        &self,
+        x: &Array,
+        caches: &mut [&mut LayerKvCache],
+        ragged: &RaggedBatch,
+    ) -> Result<Array, OpError> {
+        let b = x.dim(0)?;
+        let (q, k, v) = self.project(x)?;
+        let q = self
+            .rope
+            .forward(&q, RopeOffset::Dynamic(&ragged.offsets))?;
+        let k = self
+            .rope
+            .forward(&k, RopeOffset::Dynamic(&ragged.offsets))?;
+        let mut keys = Vec::with_capacity(caches.len());
+        let mut values = Vec::with_capacity(caches.len());
+        for (row, cache) in caches.iter_mut().enumerate() {
+            let row = row as i32;
+            let (kr, vr) = cache.update(
+                &k.slice_axis(0, row, row + 1)?,
+                &v.slice_axis(0, row, row + 1)?,
+            )?;
+            let pad = ragged.max_len - cache.offset();
+            if pad > 0 {
+                let mut shape = kr.shape();
+                shape[2] = pad;
+                let zeros = Array::zeros(&shape, kr.dtype())?;
+                keys.push(crate::ops::concatenate(&[&zeros, &kr], 2)?);
+                values.push(crate::ops::concatenate(&[&zeros, &vr], 2)?);
+            } else {
+                keys.push(kr);
+                values.push(vr);
+            }
+        }
+        let keys = crate::ops::concatenate(&keys.iter().collect::<Vec<_>>(), 0)?;
+        let values = crate::ops::concatenate(&values.iter().collect::<Vec<_>>(), 0)?;
+        let o = scaled_dot_product_attention(
+            &q,
+            &keys,
+            &values,
+            self.scale,
+            AttentionMask::Array(&ragged.mask),
+        )?;
+        self.output(&o, b, 1)
+    }
+}
+
+/// Per-step data shared by every layer of a ragged decode batch.
+pub struct RaggedBatch {
+    /// Each row's position before this step, int32 `[B]`.
+    pub offsets: Array,
+    /// `[B, 1, 1, max_len]` bool: true where a key is real (left padding is false).
+    pub mask: Array,
+    pub max_len: i32,
+}
+
+impl RaggedBatch {
+    /// From each row's cached length before this step.
+    pub fn new(lengths: &[i32]) -> Result<RaggedBatch, OpError> {
+        let max_len = lengths.iter().copied().max().unwrap_or(0) + 1;
+        let mut mask = Vec::with_capacity(lengths.len() * max_len as usize);
+        for &len in lengths {
+            let valid = len + 1;
+            mask.extend((0..max_len).map(|j| j >= max_len - valid));
+        }
+        let b = lengths.len() as i32;
+        let host = |e: crate::HostDataError| OpError::new("ragged_batch", e.to_string());
+        Ok(RaggedBatch {
+            offsets: Array::from_slice(lengths, &[b]).map_err(host)?,
+            mask: Array::from_slice(&mask, &[b, 1, 1, max_len]).map_err(host)?,
+            max_len,
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 use super::config::ModelConfig;
 use super::error::{ForwardError, ModelLoadError};
 use super::kv_cache::LayerKvCache;
-use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm, SparseMoe};
+use super::layers::{Attention, Embedding, Linear, Mlp, RaggedBatch, RmsNorm, SparseMoe};
 use super::weights::Weights;
 use crate::ops::AttentionMask;
 use crate::{Array, OpError};
@@ -12,7 +12,7 @@ use crate::{Array, OpError};
 /// The feed-forward half of a block.
 pub enum FeedForward {
     Dense(Mlp),
-    Sparse(SparseMoe),
+    Sparse(Box<SparseMoe>),
 }
 
 impl FeedForward {
@@ -43,10 +43,28 @@ impl Block {
             cache,
             mask,
         )?)?;
+        self.feed_forward_residual(&h)
+    }
+
+    fn forward_ragged(
+        &self,
+        x: &Array,
+        caches: &mut [&mut LayerKvCache],
+        ragged: &RaggedBatch,
+    ) -> Result<Array, OpError> {
+        let h = x.add(&self.attention.forward_ragged(
+            &self.input_layernorm.forward(x)?,
+            caches,
+            ragged,
+        )?)?;
+        self.feed_forward_residual(&h)
+    }
+
+    fn feed_forward_residual(&self, h: &Array) -> Result<Array, OpError> {
         h.add(
             &self
                 .feed_forward
-                .forward(&self.post_attention_layernorm.forward(&h)?)?,
+                .forward(&self.post_attention_layernorm.forward(h)?)?,
         )
     }
 }
@@ -160,7 +178,47 @@ impl Transformer {
         if logits == Logits::Last && l > 1 {
             h = h.slice_axis(1, l - 1, l)?;
         }
-        let h = self.norm.forward(&h)?;
+        self.head(&h)
+    }
+
+    /// One decode step for `B` requests with caches of different lengths:
+    /// `tokens [B, 1]`, `caches[b]` the per-layer caches of row `b`. Returns
+    /// float32 logits `[B, 1, V]`; equals running each row alone.
+    pub fn forward_decode_batch(
+        &self,
+        tokens: &Array,
+        caches: &mut [&mut [LayerKvCache]],
+    ) -> Result<Array, ForwardError> {
+        let shape = tokens.shape();
+        if shape.len() != 2
+            || shape[1] != 1
+            || shape[0] as usize != caches.len()
+            || tokens.dtype().is_float()
+        {
+            return Err(ForwardError::BadTokens(shape));
+        }
+        if let Some(c) = caches.iter().find(|c| c.len() != self.layers.len()) {
+            return Err(ForwardError::CacheCount {
+                expected: self.layers.len(),
+                got: c.len(),
+            });
+        }
+        let lengths: Vec<i32> = caches
+            .iter()
+            .map(|c| c.first().map_or(0, |l| l.offset()))
+            .collect();
+        let ragged = RaggedBatch::new(&lengths)?;
+        let mut h = self.embed_tokens.forward(tokens)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut layer_caches: Vec<&mut LayerKvCache> =
+                caches.iter_mut().map(|c| &mut c[i]).collect();
+            h = layer.forward_ragged(&h, &mut layer_caches, &ragged)?;
+        }
+        self.head(&h)
+    }
+
+    fn head(&self, h: &Array) -> Result<Array, ForwardError> {
+        let h = self.norm.forward(h)?;
         let out = match &self.lm_head {
             Some(head) => head.forward(&h)?,
             None => self.embed_tokens.as_linear(&h)?,

@@ -165,10 +165,17 @@ def greedy_loop(first_logits, step, eos):
 def compare(doc: dict) -> None:
     if "llama_cpp" not in doc or "mlx" not in doc:
         return
-    res = {"chat": compare_one(doc["llama_cpp"], doc["mlx"])}
-    for name in sorted(doc["llama_cpp"].get("greedy_extra", {})):
-        if name in doc["mlx"].get("greedy_extra", {}):
-            res[name] = compare_one(doc["llama_cpp"]["greedy_extra"][name], doc["mlx"]["greedy_extra"][name])
+    pairs = [("llama_cpp", "mlx")]
+    if "mlx_dequantized_f32" in doc:
+        pairs += [("mlx", "mlx_dequantized_f32"), ("llama_cpp", "mlx_dequantized_f32")]
+    res = {}
+    for ka, kb in pairs:
+        A, B = doc[ka], doc[kb]
+        r = {"chat": compare_one(A, B)}
+        for name in sorted(A.get("greedy_extra", {})):
+            if name in B.get("greedy_extra", {}):
+                r[name] = compare_one(A["greedy_extra"][name], B["greedy_extra"][name])
+        res[f"{ka}_vs_{kb}"] = r
     doc["comparison"] = res
 
 
@@ -187,8 +194,8 @@ def compare_one(ea: dict, eb: dict) -> dict:
     ]
     return {
         "greedy_matching_prefix_len": n,
-        "greedy_len_llama_cpp": len(a),
-        "greedy_len_mlx": len(b),
+        "greedy_len_a": len(a),
+        "greedy_len_b": len(b),
         "greedy_identical": a == b,
         "prompt_top1_agree": la["ids"][0] == lb["ids"][0],
         "prompt_top10_common_ids": len(common),
@@ -242,14 +249,22 @@ def stage_llama(gguf: Path, doc: dict) -> None:
     # --- greedy decode: pure argmax over full logits, one token at a time
     eos = int(llm.token_eos())
 
+    n_vocab = int(llm.n_vocab())
+
+    def last_logits():
+        # llama-cpp-python >= 0.3 no longer copies logits into llm.scores unless
+        # logits_all=True; read the context's last output row directly.
+        ptr = llm._ctx.get_logits_ith(-1)
+        return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).astype(np.float32).copy()
+
     def run(ids):
         llm.reset()
         llm.eval(ids)
-        last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        last = last_logits()
 
         def step(t):
             llm.eval([t])
-            return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            return last_logits()
 
         g = greedy_loop(last, step, eos)
         g["text"] = detok([t for t in g["token_ids"] if t != eos])
@@ -378,7 +393,7 @@ def gguf_summary(gguf: Path) -> dict:
     }
 
 
-def build_mlx_model(gguf: Path):
+def build_mlx_model(gguf: Path, dequantize: bool = False):
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models import llama
@@ -449,7 +464,16 @@ def build_mlx_model(gguf: Path):
             return {"group_size": group_size, "bits": qspec[path], "mode": "affine"}
         return False
 
-    nn.quantize(model, class_predicate=pred)
+    if dequantize:
+        # Reference variant: every quantized weight dequantized to float32 and run
+        # through plain nn.Linear/nn.Embedding (isolates kernel/activation effects).
+        for mod, bits in qspec.items():
+            w = mapped.pop(mod + ".weight")
+            sc = mapped.pop(mod + ".scales")
+            bi = mapped.pop(mod + ".biases")
+            mapped[mod + ".weight"] = mx.dequantize(w, sc, bi, group_size=group_size, bits=bits).astype(mx.float32)
+    else:
+        nn.quantize(model, class_predicate=pred)
     model.load_weights(list(mapped.items()), strict=True)
     mx.eval(model.parameters())
     return model, args, qspec
@@ -492,7 +516,7 @@ def stage_mlx(gguf: Path, doc: dict) -> None:
     model, args, qspec = build_mlx_model(gguf)
     tk = hf_tokenizer_from_gguf(gguf)
 
-    def run(ids):
+    def run(ids, model=model):
         cache = make_prompt_cache(model)
 
         def fwd(x):
@@ -508,15 +532,28 @@ def stage_mlx(gguf: Path, doc: dict) -> None:
 
     main_run = run(prompt_ids)
     extra_runs = {name: run(v["prompt_token_ids"]) for name, v in sorted(doc.get("chat_extra", {}).items())}
+    deq_model, _, _ = build_mlx_model(gguf, dequantize=True)
+    deq_main = run(prompt_ids, deq_model)
+    deq_extra = {
+        name: run(v["prompt_token_ids"], deq_model) for name, v in sorted(doc.get("chat_extra", {}).items())
+    }
+    del deq_model
 
     # Cross-check llama.cpp's tokenizer goldens against the rebuilt HF tokenizer.
-    xcheck = {"agree": 0, "disagree": []}
+    xcheck = {"agree": 0, "disagree": [], "no_special_parse_agree": 0, "no_special_parse_disagree": []}
     for case in doc.get("tokenizer_goldens", {}).get("cases", []):
         ids = tk.encode(case["text"], add_special_tokens=False).ids
         if ids == case["ids"]:
             xcheck["agree"] += 1
         else:
             xcheck["disagree"].append({"text": case["text"], "hf_tokenizers_ids": ids})
+        tk.encode_special_tokens = True  # special-token text tokenized as plain text
+        ids = tk.encode(case["text"], add_special_tokens=False).ids
+        tk.encode_special_tokens = False
+        if ids == case["ids_no_special_parse"]:
+            xcheck["no_special_parse_agree"] += 1
+        else:
+            xcheck["no_special_parse_disagree"].append({"text": case["text"], "hf_tokenizers_ids": ids})
     chat_ids = tk.encode(doc["chat"]["rendered_prompt"], add_special_tokens=False).ids
     xcheck["prompt_ids_agree"] = chat_ids == prompt_ids
     from importlib.metadata import version as _v
@@ -545,6 +582,11 @@ def stage_mlx(gguf: Path, doc: dict) -> None:
         },
         **main_run,
         "greedy_extra": extra_runs,
+    }
+    doc["mlx_dequantized_f32"] = {
+        "engine": "same mlx_lm Model, every quantized tensor mx.dequantize'd to float32 (plain Linear/Embedding)",
+        **deq_main,
+        "greedy_extra": deq_extra,
     }
     compare(doc)
 

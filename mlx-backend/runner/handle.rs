@@ -1,0 +1,194 @@
+//! [`RunnerHandle`]: a runner on a thread of its own (MLX streams and arrays
+//! belong to the thread that made them), reachable from any thread. It is
+//! `Send + Sync + Clone`, offers blocking and async `forward`, returns errors
+//! as values, and turns a panic on the runner's thread into an error: a
+//! caller never hangs.
+
+use super::batch::{ForwardBatch, ForwardOutput, RequestId};
+use super::error::RunnerError;
+use super::metrics::RunnerMetrics;
+use super::{ModelRunner, RunnerInfo};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::thread;
+
+/// Delivers one result; if dropped unused (the runner thread is gone), it
+/// delivers `Stopped`, so no caller ever waits forever.
+type Deliver<T> = Box<dyn FnOnce(Result<T, RunnerError>) + Send>;
+
+struct Reply<T> {
+    deliver: Option<Deliver<T>>,
+}
+
+impl<T> Reply<T> {
+    fn new(f: impl FnOnce(Result<T, RunnerError>) + Send + 'static) -> Self {
+        Reply {
+            deliver: Some(Box::new(f)),
+        }
+    }
+
+    fn send(mut self, r: Result<T, RunnerError>) {
+        if let Some(f) = self.deliver.take() {
+            f(r);
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let Some(f) = self.deliver.take() {
+            f(Err(RunnerError::Stopped));
+        }
+    }
+}
+
+enum Command {
+    Forward(ForwardBatch, Reply<ForwardOutput>),
+    Release(Vec<RequestId>),
+    Info(Reply<RunnerInfo>),
+    Metrics(Reply<RunnerMetrics>),
+}
+
+#[derive(Clone)]
+pub struct RunnerHandle {
+    commands: mpsc::Sender<Command>,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+impl RunnerHandle {
+    /// Start a thread, build the runner there with `make`, and serve it.
+    /// Returns once the runner is built (or failed to build).
+    pub fn spawn<R, F>(make: F) -> Result<RunnerHandle, RunnerError>
+    where
+        R: ModelRunner + 'static,
+        F: FnOnce() -> Result<R, RunnerError> + Send + 'static,
+    {
+        let (commands, inbox) = mpsc::channel::<Command>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), RunnerError>>();
+        thread::Builder::new()
+            .name("mlx-runner".into())
+            .spawn(move || {
+                let runner = match catch_unwind(AssertUnwindSafe(make)) {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                    Err(p) => {
+                        let _ = ready_tx.send(Err(RunnerError::Panicked(panic_message(p))));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                serve(runner, inbox);
+            })
+            .map_err(|e| {
+                RunnerError::Panicked(format!("could not start the runner thread: {e}"))
+            })?;
+        ready_rx.recv().map_err(|_| RunnerError::Stopped)??;
+        Ok(RunnerHandle { commands })
+    }
+
+    fn call<T: Send + 'static>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, RunnerError> {
+        let (tx, rx) = mpsc::channel();
+        let reply = Reply::new(move |r| {
+            let _ = tx.send(r);
+        });
+        self.commands
+            .send(make(reply))
+            .map_err(|_| RunnerError::Stopped)?;
+        rx.recv().map_err(|_| RunnerError::Stopped)?
+    }
+
+    /// Run one batch, blocking until it is done.
+    pub fn forward(&self, batch: ForwardBatch) -> Result<ForwardOutput, RunnerError> {
+        self.call(|reply| Command::Forward(batch, reply))
+    }
+
+    /// Run one batch; the future resolves when the runner thread is done.
+    pub fn forward_async(&self, batch: ForwardBatch) -> ForwardFuture {
+        let shared = Arc::new(Mutex::new(Slot::default()));
+        let producer = Arc::clone(&shared);
+        let reply = Reply::new(move |r| {
+            let mut slot = producer.lock().unwrap_or_else(|p| p.into_inner());
+            slot.value = Some(r);
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
+        });
+        // A failed send drops the command, and with it the reply: `Stopped`.
+        let _ = self.commands.send(Command::Forward(batch, reply));
+        ForwardFuture { shared }
+    }
+
+    pub fn release(&self, ids: &[RequestId]) {
+        let _ = self.commands.send(Command::Release(ids.to_vec()));
+    }
+
+    pub fn info(&self) -> Result<RunnerInfo, RunnerError> {
+        self.call(Command::Info)
+    }
+
+    pub fn metrics(&self) -> Result<RunnerMetrics, RunnerError> {
+        self.call(Command::Metrics)
+    }
+}
+
+fn serve<R: ModelRunner>(mut runner: R, inbox: mpsc::Receiver<Command>) {
+    while let Ok(command) = inbox.recv() {
+        match command {
+            Command::Forward(batch, reply) => {
+                let r = catch_unwind(AssertUnwindSafe(|| runner.forward(&batch)));
+                let failed = r.is_err();
+                reply.send(r.unwrap_or_else(|p| Err(RunnerError::Panicked(panic_message(p)))));
+                if failed {
+                    // The runner's state is unknown after a panic: stop serving,
+                    // so every later call gets `Stopped` rather than a guess.
+                    return;
+                }
+            }
+            Command::Release(ids) => runner.release(&ids),
+            Command::Info(reply) => reply.send(Ok(runner.info())),
+            Command::Metrics(reply) => reply.send(Ok(runner.metrics())),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    value: Option<Result<ForwardOutput, RunnerError>>,
+    waker: Option<Waker>,
+}
+
+/// The result of [`RunnerHandle::forward_async`].
+pub struct ForwardFuture {
+    shared: Arc<Mutex<Slot>>,
+}
+
+impl Future for ForwardFuture {
+    type Output = Result<ForwardOutput, RunnerError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.value.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Per-request KV state with a fixed budget in tokens, and a pool of
+//! released caches so their buffers are reused rather than reallocated.
+
+use super::batch::RequestId;
+use crate::model::{LayerKvCache, Transformer};
+use std::collections::HashMap;
+
+/// One request: its per-layer caches and every token it has fed (for penalties).
+pub struct RequestState {
+    pub caches: Vec<LayerKvCache>,
+    pub history: Vec<u32>,
+    /// Tokens sampled so far (the random stream's position).
+    pub sampled: u64,
+}
+
+impl RequestState {
+    pub fn cached(&self) -> usize {
+        self.caches.first().map_or(0, |c| c.offset() as usize)
+    }
+}
+
+pub struct KvStore {
+    requests: HashMap<RequestId, RequestState>,
+    pool: Vec<Vec<LayerKvCache>>,
+    pool_limit: usize,
+    step: i32,
+    pub budget_tokens: usize,
+}
+
+impl KvStore {
+    pub fn new(budget_tokens: usize, step: i32, pool_limit: usize) -> KvStore {
+        KvStore {
+            requests: HashMap::new(),
+            pool: Vec::new(),
+            pool_limit,
+            step,
+            budget_tokens,
+        }
+    }
+
+    pub fn get(&self, id: RequestId) -> Option<&RequestState> {
+        self.requests.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: RequestId) -> Option<&mut RequestState> {
+        self.requests.get_mut(&id)
+    }
+
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    pub fn ids(&self) -> Vec<RequestId> {
+        self.requests.keys().copied().collect()
+    }
+
+    pub fn cached_tokens(&self) -> usize {
+        self.requests.values().map(RequestState::cached).sum()
+    }
+
+    pub fn active(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn pooled(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// Start a request with an empty cache (a pooled one when there is one).
+    pub fn allocate(&mut self, id: RequestId, model: &Transformer) -> &mut RequestState {
+        let caches = self
+            .pool
+            .pop()
+            .unwrap_or_else(|| model.new_caches(self.step));
+        self.requests.entry(id).or_insert(RequestState {
+            caches,
+            history: Vec::new(),
+            sampled: 0,
+        })
+    }
+
+    /// Forget a request; its buffers go to the pool (up to its limit).
+    pub fn release(&mut self, id: RequestId) {
+        if let Some(mut state) = self.requests.remove(&id) {
+            if self.pool.len() < self.pool_limit {
+                for c in &mut state.caches {
+                    c.truncate(0);
+                }
+                self.pool.push(state.caches);
+            }
+        }
+    }
+
+    /// Drop pooled buffers (e.g. before measuring memory).
+    pub fn clear_pool(&mut self) {
+        self.pool.clear();
+    }
+}

@@ -1,0 +1,49 @@
+//! The model runner: what a serving engine calls once per forward batch, as
+//! SGLang's worker calls its MlxModelRunner. [`MlxModelRunner`] owns the
+//! model, one KV cache per request and the sampler; [`RunnerHandle`] puts it
+//! on a thread of its own so an async, multi-threaded engine can share it.
+
+mod batch;
+mod error;
+mod handle;
+mod kv;
+mod metrics;
+mod mlx_runner;
+pub mod sampler;
+
+pub use batch::{
+    ForwardBatch, ForwardMode, ForwardOutput, RequestId, RequestInput, RequestOutput,
+    ReturnOptions, SamplingParams,
+};
+pub use error::RunnerError;
+pub use handle::{ForwardFuture, RunnerHandle};
+pub use metrics::RunnerMetrics;
+pub use mlx_runner::{MlxModelRunner, RunnerConfig};
+
+use crate::{Device, Dtype};
+
+/// What the runner serves, for the engine's scheduler.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunnerInfo {
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub eos_token_ids: Vec<u32>,
+    /// The longest context one request may reach.
+    pub max_context: usize,
+    /// KV cache capacity in tokens across all requests.
+    pub kv_capacity_tokens: usize,
+    pub dtype: Dtype,
+    pub device: Device,
+    /// Kernels that run fused (the rest fall back to MLX's built-in graphs).
+    pub fused_kernels: Vec<String>,
+}
+
+/// The per-forward-batch contract.
+pub trait ModelRunner {
+    fn info(&self) -> RunnerInfo;
+    /// Run one batch. A rejected batch changes no request's state.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, RunnerError>;
+    /// Free the KV state of finished or cancelled requests (unknown ids are ignored).
+    fn release(&mut self, ids: &[RequestId]);
+    fn metrics(&self) -> RunnerMetrics;
+}

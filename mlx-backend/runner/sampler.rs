@@ -1,0 +1,141 @@
+//! Sampling on the device: penalties over the request's history, logit
+//! bias, temperature, top-k / top-p / min-p truncation and a seeded draw,
+//! all as MLX ops on one row of logits; only the chosen token (and the
+//! requested log-probabilities) come back to the host.
+
+use super::batch::{ReturnOptions, SamplingParams};
+use crate::ops::{random, where_};
+use crate::{Array, Dtype, OpError};
+use std::collections::BTreeMap;
+
+/// The device-side result of sampling one row, read back after one eval.
+pub struct Sampled {
+    pub token: Array,
+    pub logprob: Option<Array>,
+    pub top: Option<(Array, Array)>,
+    pub logits: Option<Array>,
+}
+
+fn host(e: crate::HostDataError) -> OpError {
+    OpError::new("sampler", e.to_string())
+}
+
+fn neg_inf_like(x: &Array) -> Result<Array, OpError> {
+    x.scalar_like(f64::NEG_INFINITY)
+}
+
+/// A key for step `step` of a request seeded with `seed` (splitmix64 mixing).
+pub fn step_key(seed: u64, step: u64) -> Result<Array, OpError> {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    random::key(z ^ (z >> 31))
+}
+
+/// Apply penalties and bias to `logits [V]` (float32).
+fn adjust(logits: &Array, params: &SamplingParams, history: &[u32]) -> Result<Array, OpError> {
+    let mut x = logits.clone();
+    if params.uses_history() && !history.is_empty() {
+        let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+        for &t in history {
+            *counts.entry(t).or_default() += 1;
+        }
+        let ids: Vec<u32> = counts.keys().copied().collect();
+        let n = ids.len() as i32;
+        let idx = Array::from_slice(&ids, &[n]).map_err(host)?;
+        let mut seen = x.take(&idx, 0)?;
+        if params.repetition_penalty != 1.0 {
+            let p = seen.scalar_like(params.repetition_penalty as f64)?;
+            let positive = seen.gt(&seen.scalar_like(0.0)?)?;
+            seen = where_(&positive, &seen.div(&p)?, &seen.mul(&p)?)?;
+        }
+        if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+            let sub: Vec<f32> = counts
+                .values()
+                .map(|&c| params.presence_penalty + params.frequency_penalty * c as f32)
+                .collect();
+            seen = seen.sub(&Array::from_slice(&sub, &[n]).map_err(host)?)?;
+        }
+        x = x.put_along_axis(&idx, &seen, 0)?;
+    }
+    if !params.logit_bias.is_empty() {
+        let ids: Vec<u32> = params.logit_bias.iter().map(|(t, _)| *t).collect();
+        let bias: Vec<f32> = params.logit_bias.iter().map(|(_, b)| *b).collect();
+        let n = ids.len() as i32;
+        let idx = Array::from_slice(&ids, &[n]).map_err(host)?;
+        let biased = x
+            .take(&idx, 0)?
+            .add(&Array::from_slice(&bias, &[n]).map_err(host)?)?;
+        x = x.put_along_axis(&idx, &biased, 0)?;
+    }
+    Ok(x)
+}
+
+/// Mask everything outside the top-k / top-p / min-p set with -inf.
+fn truncate(x: &Array, params: &SamplingParams) -> Result<Array, OpError> {
+    let mut x = x.clone();
+    let vocab = x.dim(-1)? as u32;
+    if params.top_k > 0 && params.top_k < vocab {
+        let kth = x.topk(params.top_k as i32, -1)?.min(&[-1], true)?;
+        x = where_(&x.ge(&kth)?, &x, &neg_inf_like(&x)?)?;
+    }
+    if params.top_p < 1.0 {
+        let probs = x.softmax(&[-1], true)?;
+        let order = probs.neg()?.argsort(-1)?;
+        let sorted = probs.take_along_axis(&order, -1)?;
+        let before = sorted.cumsum(-1, false, false)?;
+        let keep_sorted = before.lt(&before.scalar_like(params.top_p as f64)?)?;
+        let keep =
+            Array::zeros(&x.shape(), Dtype::Bool)?.put_along_axis(&order, &keep_sorted, -1)?;
+        x = where_(&keep, &x, &neg_inf_like(&x)?)?;
+    }
+    if params.min_p > 0.0 {
+        let probs = x.softmax(&[-1], true)?;
+        let threshold = probs.max(&[-1], true)?.mul_scalar(params.min_p as f64)?;
+        x = where_(&probs.ge(&threshold)?, &x, &neg_inf_like(&x)?)?;
+    }
+    Ok(x)
+}
+
+/// Sample one token from `logits [V]` (float32) with `params`; `key` is
+/// used only when sampling is random.
+pub fn sample(
+    logits: &Array,
+    params: &SamplingParams,
+    history: &[u32],
+    returns: &ReturnOptions,
+    key: &Array,
+) -> Result<Sampled, OpError> {
+    let x = adjust(logits, params, history)?;
+    let token = if params.temperature <= 0.0 {
+        x.argmax(-1, false)?
+    } else {
+        let scaled = x.mul_scalar(1.0 / params.temperature as f64)?;
+        let truncated = truncate(&scaled, params)?;
+        random::categorical(&truncated, -1, Some(key))?
+    };
+    let needs_logprobs = returns.logprob || returns.top_logprobs > 0;
+    let logprobs = if needs_logprobs {
+        Some(x.sub(&x.logsumexp(&[-1], true)?)?)
+    } else {
+        None
+    };
+    let logprob = match (&logprobs, returns.logprob) {
+        (Some(lp), true) => Some(lp.take(&token.reshape(&[1])?, 0)?),
+        _ => None,
+    };
+    let top = match &logprobs {
+        Some(lp) if returns.top_logprobs > 0 => {
+            let n = returns.top_logprobs.min(lp.size()) as i32;
+            let ids = lp.neg()?.argpartition(n - 1, -1)?.slice_axis(-1, 0, n)?;
+            Some((ids.clone(), lp.take(&ids, 0)?))
+        }
+        _ => None,
+    };
+    Ok(Sampled {
+        token,
+        logprob,
+        top,
+        logits: returns.logits.then(|| logits.clone()),
+    })
+}
