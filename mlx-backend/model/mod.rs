@@ -4,6 +4,7 @@
 //! caches from the caller.
 
 pub mod config;
+pub mod fetch;
 mod error;
 mod fused;
 mod gguf;
