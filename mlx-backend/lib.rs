@@ -9,6 +9,8 @@
 //! * [`Device`] / [`Stream`]: where ops run. Arrays are not `Send`, because MLX
 //!   streams belong to the thread that made them.
 //! * [`io`]: safetensors and GGUF files; [`memory`]: MLX's allocator.
+//! * [`tokenizer`]: tokenizers (tokenizer.json or GGUF metadata), streaming
+//!   detokenization and chat templates.
 
 mod array;
 mod device;
@@ -19,6 +21,7 @@ mod gguf_check;
 pub mod io;
 pub mod memory;
 pub mod ops;
+pub mod tokenizer;
 
 pub use array::{async_eval, eval, Array};
 pub use device::{Device, Stream};
