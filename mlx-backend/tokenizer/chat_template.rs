@@ -117,12 +117,15 @@ impl ChatTemplate {
                 .map_err(|e| TemplateError::Syntax(e.to_string()))?,
         );
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-            Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("{RAISED}{message}"),
-            ))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, Error> {
+                Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{RAISED}{message}"),
+                ))
+            },
+        );
         env.add_function("strftime_now", |format: String| -> String {
             strftime_now(&format)
         });
@@ -289,12 +292,12 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| TemplateError::Syntax(describe(&e)))?;
-        template.render(Value::from_pairs(ctx)).map_err(|e| {
-            match raised_message(&e) {
+        template
+            .render(Value::from_pairs(ctx))
+            .map_err(|e| match raised_message(&e) {
                 Some(m) => TemplateError::Raised(m),
                 None => TemplateError::Render(describe(&e)),
-            }
-        })
+            })
     }
 }
 
@@ -539,9 +542,7 @@ fn strftime(format: &str, unix_secs: i64) -> String {
     let weekday = (days + 3).rem_euclid(7) as usize;
     let is_leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     let cumulative = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
-    let yday = cumulative[month as usize - 1]
-        + day as i64
-        + i64::from(month > 2 && is_leap(year));
+    let yday = cumulative[month as usize - 1] + day as i64 + i64::from(month > 2 && is_leap(year));
     let hour12 = if hour % 12 == 0 { 12 } else { hour % 12 };
 
     let mut out = String::new();
@@ -604,7 +605,10 @@ mod tests {
         let t = 1_709_211_909;
         assert_eq!(strftime("%Y-%m-%d %H:%M:%S", t), "2024-02-29 13:05:09");
         assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
-        assert_eq!(strftime("%A %B %-d, %j %I%p %%", t), "Thursday February 29, 060 01PM %");
+        assert_eq!(
+            strftime("%A %B %-d, %j %I%p %%", t),
+            "Thursday February 29, 060 01PM %"
+        );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d %a", 951_782_400), "2000-02-29 Tue");
     }

@@ -176,12 +176,18 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     let mut merges = Vec::with_capacity(merges_raw.len());
     for (i, m) in merges_raw.iter().enumerate() {
         // Split at the first space after the first byte, as llama.cpp does.
-        let cut = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
-        let (a, b) = cut.map(|i| (&m[..i], &m[i + 1..])).ok_or_else(|| TokenizerError::InvalidKey {
-            path: path.clone(),
-            key: "tokenizer.ggml.merges".into(),
-            message: format!("entry {i} ({m:?}) is not two space-separated symbols"),
-        })?;
+        let cut = m
+            .char_indices()
+            .skip(1)
+            .find(|&(_, c)| c == ' ')
+            .map(|(i, _)| i);
+        let (a, b) =
+            cut.map(|i| (&m[..i], &m[i + 1..]))
+                .ok_or_else(|| TokenizerError::InvalidKey {
+                    path: path.clone(),
+                    key: "tokenizer.ggml.merges".into(),
+                    message: format!("entry {i} ({m:?}) is not two space-separated symbols"),
+                })?;
         merges.push((a.to_string(), b.to_string()));
     }
 

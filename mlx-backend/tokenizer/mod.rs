@@ -87,10 +87,11 @@ impl Tokenizer {
                 message: e.to_string(),
             },
         })?;
-        let tk = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
-            path: display.clone(),
-            message: format!("not a valid tokenizer.json: {e}"),
-        })?;
+        let tk =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::Invalid {
+                path: display.clone(),
+                message: format!("not a valid tokenizer.json: {e}"),
+            })?;
         let dir = path.parent().unwrap_or(Path::new("."));
         let config = read_json(&dir.join("tokenizer_config.json")).unwrap_or_default();
         let id_of = |key: &str| config_token(&config, key).and_then(|t| tk.token_to_id(&t));
