@@ -227,7 +227,8 @@ mod tests {
         b.extend_from_slice(&3u32.to_le_bytes());
         b.extend_from_slice(&1u64.to_le_bytes()); // tensors
         b.extend_from_slice(&2u64.to_le_bytes()); // kv
-        for (key, value) in [("general.name", "tiny")] {
+        {
+            let (key, value) = ("general.name", "tiny");
             b.extend_from_slice(&(key.len() as u64).to_le_bytes());
             b.extend_from_slice(key.as_bytes());
             b.extend_from_slice(&8u32.to_le_bytes());
