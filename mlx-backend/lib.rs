@@ -9,6 +9,8 @@
 //! * [`Device`] / [`Stream`]: where ops run. Arrays are not `Send`, because MLX
 //!   streams belong to the thread that made them.
 //! * [`io`]: safetensors and GGUF files; [`memory`]: MLX's allocator.
+//! * [`tokenizer`]: tokenizers (tokenizer.json or GGUF metadata), streaming
+//!   detokenization and chat templates.
 
 mod array;
 mod device;
@@ -21,6 +23,7 @@ pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod runner;
+pub mod tokenizer;
 
 pub use array::{async_eval, eval, Array};
 pub use device::{Device, Stream};

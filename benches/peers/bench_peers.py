@@ -82,7 +82,7 @@ def prefill_row(n: int, times):
     }
 
 
-def decode_row(b: int, step_times, steps: int, repeats: int):
+def decode_row(b: int, step_times, steps: int, repeats: int, final_ids):
     med = statistics.median(step_times)
     return {
         "batch": b,
@@ -93,6 +93,9 @@ def decode_row(b: int, step_times, steps: int, repeats: int):
         "steps": steps,
         "repeats": repeats,
         "prompt_len": DECODE_PROMPT_LEN,
+        # greedy ids of the last step (last repeat), one per sequence: a cheap
+        # cross-engine / cross-batch sanity check (row 0 should not depend on B)
+        "final_token_ids": [int(t) for t in final_ids],
     }
 
 
@@ -164,7 +167,7 @@ def run_mlx(a) -> dict:
                 if r >= a.warmup:
                     step_times.append(dt)
             del cache
-        decode.append(decode_row(b, step_times, a.decode_steps, a.repeats))
+        decode.append(decode_row(b, step_times, a.decode_steps, a.repeats, [r_[0] for r_ in tok.tolist()]))
         log(f"mlx: decode B={b}: median step {decode[-1]['median_step_s']*1e3:.2f} ms")
 
     return {
@@ -271,7 +274,7 @@ def run_llama(a) -> dict:
                     step_times.append(dt)
         batch.close()
         ctx.close()
-        decode.append(decode_row(b, step_times, a.decode_steps, a.repeats))
+        decode.append(decode_row(b, step_times, a.decode_steps, a.repeats, tok.tolist()))
         log(f"llama.cpp: decode B={b}: median step {decode[-1]['median_step_s']*1e3:.2f} ms")
 
     rss = max_rss_bytes()
