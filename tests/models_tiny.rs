@@ -127,15 +127,19 @@ fn compare(what: &str, exact_f32: bool, got: &Array, want: &Array) -> (f32, f32)
     (err, rel)
 }
 
-/// Loads `name` and checks every golden.
+/// Loads `tiny/<name>` and checks every golden.
 fn check_folder(name: &str) {
-    let dir = tiny_dir().join(name);
-    let g = golden(&dir);
+    check_dir(name, &tiny_dir().join(name));
+}
+
+/// Loads the model in `dir` and checks it against the goldens there.
+fn check_dir(name: &str, dir: &Path) {
+    let g = golden(dir);
     let options = LoadOptions {
         dtype: g.load_dtype,
         quantize: None,
     };
-    let loaded = model::load(&dir, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let loaded = model::load(dir, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
     let m = &loaded.model;
     let (mut worst_abs, mut worst_rel) = (0f32, 0f32);
     for (p, (prompt, greedy)) in g.prompts.iter().zip(&g.greedy).enumerate() {
@@ -273,6 +277,26 @@ fn load_err(path: &Path) -> ModelLoadError {
 fn the_unbroken_copy_loads() {
     let dir = llama_copy("ok");
     model::load(&dir, &LoadOptions::default()).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn tied_model_ignores_a_stored_lm_head() {
+    let src = tiny_dir().join("llama_tied-f32");
+    let dir = temp_dir("stale-lm-head");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "golden.json",
+        "golden.safetensors",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    edit_weights(&dir, |tensors| {
+        let zeros = Array::zeros(&[256, 64], Dtype::F32).unwrap();
+        tensors.push(("lm_head.weight".into(), zeros));
+    });
+    check_dir("llama_tied-f32 with a zero lm_head.weight", &dir);
     std::fs::remove_dir_all(dir).unwrap();
 }
 

@@ -22,7 +22,9 @@ pub fn load(config: ModelConfig, w: &Weights) -> Result<Transformer, ModelLoadEr
     let c = config.clone();
     Transformer::load(config, w, move |w, p, i| {
         if moe.is_sparse_layer(i) {
-            Ok(FeedForward::Sparse(SparseMoe::load(w, p, &c, &moe)?))
+            Ok(FeedForward::Sparse(Box::new(SparseMoe::load(
+                w, p, &c, &moe,
+            )?)))
         } else {
             Ok(FeedForward::Dense(Mlp::load(w, p, h, inter)?))
         }
