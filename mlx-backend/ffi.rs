@@ -181,6 +181,7 @@ pub(crate) mod bridge {
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
         fn matmul(a: &array, b: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn addmm(c: &array, a: &array, b: &array, s: StreamSpec) -> Result<UniquePtr<array>>;
         fn quantize(
             w: &array,
             group_size: i32,

@@ -573,6 +573,10 @@ ArrayPtr matmul(const array& a, const array& b, StreamSpec s) {
   return wrap(mx::matmul(a, b, to_stream(s)));
 }
 
+ArrayPtr addmm(const array& c, const array& a, const array& b, StreamSpec s) {
+  return wrap(mx::addmm(c, a, b, 1.0f, 1.0f, to_stream(s)));
+}
+
 std::unique_ptr<ArrayList>
 quantize(const array& w, int32_t group_size, int32_t bits, StreamSpec s) {
   auto out = std::make_unique<ArrayList>();

@@ -167,6 +167,7 @@ ArrayPtr sort(const array& a, int32_t axis, bool indices, StreamSpec s);
 ArrayPtr cumsum(const array& a, int32_t axis, bool reverse, bool inclusive, StreamSpec s);
 ArrayPtr softmax(const array& a, rust::Slice<const int32_t> axes, bool precise, StreamSpec s);
 ArrayPtr matmul(const array& a, const array& b, StreamSpec s);
+ArrayPtr addmm(const array& c, const array& a, const array& b, StreamSpec s);
 std::unique_ptr<ArrayList> quantize(const array& w, int32_t group_size, int32_t bits, StreamSpec s);
 ArrayPtr dequantize(
     const array& w,

@@ -48,13 +48,21 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array, OpError> {
-        let (y, bias) = match self {
-            Linear::Dense { weight, bias } => (x.matmul(&weight.t()?)?, bias),
-            Linear::Quantized { q, bias } => (q.matmul(x, true)?, bias),
-        };
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+        match self {
+            // mlx-lm's nn.Linear: one fused, once-rounded `bias + x·Wᵀ`.
+            Linear::Dense {
+                weight,
+                bias: Some(b),
+            } => Array::addmm(b, x, &weight.t()?),
+            Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?),
+            // QuantizedLinear adds its bias after the product.
+            Linear::Quantized { q, bias } => {
+                let y = q.matmul(x, true)?;
+                match bias {
+                    Some(b) => y.add(b),
+                    None => Ok(y),
+                }
+            }
         }
     }
 }

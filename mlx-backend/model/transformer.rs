@@ -117,7 +117,9 @@ impl Transformer {
             });
         }
         let norm = RmsNorm::load(w, "model.norm.weight", c.hidden_size, c.rms_norm_eps)?;
-        let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
+        // Tied: the embeddings are the head, and a stored `lm_head.weight`
+        // is ignored (mlx-lm's sanitize drops it; HF ties over it).
+        let lm_head = if c.tie_word_embeddings {
             None
         } else {
             Some(Linear::load(

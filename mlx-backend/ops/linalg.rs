@@ -11,6 +11,15 @@ impl Array {
         wrap("matmul", ffi::matmul(self.inner(), other.inner(), stream()))
     }
 
+    /// `c + a @ b` in one op (as `mx.addmm`, what `nn.Linear` with a bias
+    /// runs): the sum is rounded once, which matters in bf16.
+    pub fn addmm(c: &Array, a: &Array, b: &Array) -> Result<Array, OpError> {
+        wrap(
+            "addmm",
+            ffi::addmm(c.inner(), a.inner(), b.inner(), stream()),
+        )
+    }
+
     /// `a @ b[rhs_indices]` / `a[lhs_indices] @ b` with matrix-level gathers.
     pub fn gather_mm(
         &self,
