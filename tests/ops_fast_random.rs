@@ -79,12 +79,10 @@ fn layer_norm_against_reference() {
 /// otherwise (i, i + dims/2).
 fn rope_ref(
     x: &[f32],
-    l: usize,
-    d: usize,
+    (l, d): (usize, usize),
     dims: usize,
     traditional: bool,
-    base: f64,
-    scale: f64,
+    (base, scale): (f64, f64),
     offset: usize,
 ) -> Vec<f64> {
     let mut out = to_f64(x);
@@ -115,16 +113,8 @@ fn rope_traditional_and_not_static_and_dynamic() {
     for traditional in [false, true] {
         for dims in [16, 8] {
             for offset in [0, 7] {
-                let expected = rope_ref(
-                    &x,
-                    l as usize,
-                    d as usize,
-                    dims,
-                    traditional,
-                    10000.0,
-                    1.0,
-                    offset,
-                );
+                let lp = (l as usize, d as usize);
+                let expected = rope_ref(&x, lp, dims, traditional, (10000.0, 1.0), offset);
                 let what = format!("rope traditional={traditional} dims={dims} offset={offset}");
                 let stat = xa
                     .rope(
@@ -159,7 +149,7 @@ fn rope_traditional_and_not_static_and_dynamic() {
         }
     }
     // A position scale and another base.
-    let expected = rope_ref(&x, l as usize, d as usize, 16, false, 500.0, 0.25, 3);
+    let expected = rope_ref(&x, (l as usize, d as usize), 16, false, (500.0, 0.25), 3);
     let out = xa
         .rope(16, false, 500.0, 0.25, RopeOffset::Static(3), None)
         .unwrap();
@@ -168,7 +158,6 @@ fn rope_traditional_and_not_static_and_dynamic() {
 
 /// Attention over `q [B, Hq, L, D]`, `k, v [B, Hkv, S, D]`; `mask(l, s)` is
 /// an additive term (NEG_INFINITY to drop).
-#[allow(clippy::too_many_arguments)]
 fn sdpa_ref(
     q: &[f32],
     k: &[f32],
