@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
+#include <unordered_set>
 
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx/primitives.h"
 
 namespace mx = mlx::core;
 
@@ -247,7 +250,7 @@ void copy_to_host(const array& a, rust::Slice<uint8_t> out) {
   // A dense row-major copy: views (transposes, slices, broadcasts) are
   // materialised by MLX, never read as if contiguous.
   auto dense = mx::contiguous(a, false, mx::default_stream(mx::Device::cpu));
-  dense.eval();
+  eval(dense);
   dense.wait();
   if (out.size() > 0) {
     std::memcpy(out.data(), dense.data<uint8_t>(), out.size());
@@ -272,15 +275,50 @@ ArrayPtr array_list_get(const ArrayList& list, size_t index) {
 
 // ---- evaluation
 
+namespace {
+
+// MLX's CPU allocator hands back a null buffer when malloc fails, and the
+// kernel then writes through it (a segfault, not an exception). So before a
+// graph is evaluated, refuse any output that would need a buffer larger than
+// the memory limit: such a malloc is the one that fails. Broadcasts are views
+// and allocate nothing, whatever their size.
+void check_allocations(const std::vector<array>& outputs) {
+  const size_t limit = mx::get_memory_limit();
+  std::unordered_set<std::uintptr_t> seen;
+  std::vector<array> todo(outputs.begin(), outputs.end());
+  while (!todo.empty()) {
+    array a = std::move(todo.back());
+    todo.pop_back();
+    if (a.status() != array::Status::unscheduled || !a.has_primitive() ||
+        !seen.insert(a.id()).second) {
+      continue;
+    }
+    std::string_view name = a.primitive().name();
+    if (a.nbytes() > limit && name != "Broadcast" && name != "BroadcastAxes") {
+      throw std::runtime_error(
+          "[eval] " + std::string(name) + " needs " + std::to_string(a.nbytes()) +
+          " bytes, more than the memory limit of " + std::to_string(limit) + " bytes");
+    }
+    for (const auto& in : a.inputs()) {
+      todo.push_back(in);
+    }
+  }
+}
+
+} // namespace
+
 void eval(const array& a) {
+  check_allocations({a});
   mx::eval(a);
 }
 
 void eval_list(const ArrayList& list) {
+  check_allocations(list.items);
   mx::eval(list.items);
 }
 
 void async_eval_list(const ArrayList& list) {
+  check_allocations(list.items);
   mx::async_eval(list.items);
 }
 
@@ -577,8 +615,22 @@ ArrayPtr addmm(const array& c, const array& a, const array& b, StreamSpec s) {
   return wrap(mx::addmm(c, a, b, 1.0f, 1.0f, to_stream(s)));
 }
 
+namespace {
+
+// MLX divides by both parameters before it validates them (a zero is SIGFPE).
+void check_quantization(const char* op, int32_t group_size, int32_t bits) {
+  if (group_size <= 0 || bits <= 0) {
+    throw std::invalid_argument(
+        std::string("[") + op + "] group_size and bits must be positive, got group_size " +
+        std::to_string(group_size) + " and bits " + std::to_string(bits));
+  }
+}
+
+} // namespace
+
 std::unique_ptr<ArrayList>
 quantize(const array& w, int32_t group_size, int32_t bits, StreamSpec s) {
+  check_quantization("quantize", group_size, bits);
   auto out = std::make_unique<ArrayList>();
   out->items = mx::quantize(w, group_size, bits, "affine", std::nullopt, to_stream(s));
   return out;
@@ -591,6 +643,7 @@ ArrayPtr dequantize(
     int32_t group_size,
     int32_t bits,
     StreamSpec s) {
+  check_quantization("dequantize", group_size, bits);
   return wrap(mx::dequantize(
       w,
       scales,
@@ -612,6 +665,7 @@ ArrayPtr quantized_matmul(
     int32_t group_size,
     int32_t bits,
     StreamSpec s) {
+  check_quantization("quantized_matmul", group_size, bits);
   return wrap(mx::quantized_matmul(
       x, w, scales, opt(biases), transpose, group_size, bits, "affine", to_stream(s)));
 }
@@ -628,6 +682,7 @@ ArrayPtr gather_qmm(
     int32_t bits,
     bool sorted_indices,
     StreamSpec s) {
+  check_quantization("gather_qmm", group_size, bits);
   return wrap(mx::gather_qmm(
       x,
       w,

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{load_tiny, tokens};
+use common::tiny::{load_tiny, tokens};
 use mlx_backend::runner::*;
 use std::collections::HashMap;
 
@@ -596,7 +596,7 @@ fn stale_requests_are_released_when_configured() {
 
 #[test]
 fn engine_continuous_batching_through_the_handle_from_many_threads() {
-    let folder = common::tiny_llama_folder(11, true);
+    let folder = common::tiny::tiny_llama_folder(11, true);
     let f2 = folder.clone();
     let handle = RunnerHandle::spawn(move || {
         MlxModelRunner::load(
@@ -718,7 +718,7 @@ fn engine_continuous_batching_through_the_handle_from_many_threads() {
 
 #[test]
 fn handle_reports_errors_and_async_forward_works() {
-    let folder = common::tiny_llama_folder(12, true);
+    let folder = common::tiny::tiny_llama_folder(12, true);
     let handle = RunnerHandle::spawn(move || {
         MlxModelRunner::load(&folder, &Default::default(), RunnerConfig::default())
     })

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{load_tiny, tokens};
+use common::tiny::{load_tiny, tokens};
 use mlx_backend::runner::*;
 
 fn runner(seed: u64) -> MlxModelRunner {

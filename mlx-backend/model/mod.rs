@@ -4,8 +4,8 @@
 //! caches from the caller.
 
 pub mod config;
-pub mod fetch;
 mod error;
+pub mod fetch;
 mod fused;
 mod gguf;
 pub mod kv_cache;
