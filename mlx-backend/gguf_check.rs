@@ -188,7 +188,7 @@ pub fn check(bytes: &[u8]) -> Result<(), GgufCheckError> {
             Some(l) => l,
             None => return c.fail(format!("tensor '{name}' has unknown ggml type {ggml_type}")),
         };
-        if elements % block != 0 {
+        if !elements.is_multiple_of(block) {
             return c.fail(format!(
                 "tensor '{name}' has {elements} elements, not a whole number of blocks of {block}"
             ));
@@ -227,13 +227,12 @@ mod tests {
         b.extend_from_slice(&3u32.to_le_bytes());
         b.extend_from_slice(&1u64.to_le_bytes()); // tensors
         b.extend_from_slice(&2u64.to_le_bytes()); // kv
-        for (key, value) in [("general.name", "tiny")] {
-            b.extend_from_slice(&(key.len() as u64).to_le_bytes());
-            b.extend_from_slice(key.as_bytes());
-            b.extend_from_slice(&8u32.to_le_bytes());
-            b.extend_from_slice(&(value.len() as u64).to_le_bytes());
-            b.extend_from_slice(value.as_bytes());
-        }
+        let (key, value) = ("general.name", "tiny");
+        b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+        b.extend_from_slice(key.as_bytes());
+        b.extend_from_slice(&8u32.to_le_bytes());
+        b.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        b.extend_from_slice(value.as_bytes());
         let key = "general.alignment";
         b.extend_from_slice(&(key.len() as u64).to_le_bytes());
         b.extend_from_slice(key.as_bytes());

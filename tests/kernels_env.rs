@@ -14,7 +14,10 @@ fn env_var_switches_kernels() {
     let y = normal(&[1, 2, 32], Dtype::F32, 0.0, 1.0, 1);
     let s = normal(&[1, 2], Dtype::F32, 0.0, 1.0, 2);
     moe_combine(&y, &s).unwrap().eval().unwrap();
-    assert_eq!(registry::stats(Kernel::MoeCombine).fallbacks(FallbackReason::Disabled), 1);
+    assert_eq!(
+        registry::stats(Kernel::MoeCombine).fallbacks(FallbackReason::Disabled),
+        1
+    );
     let x = normal(&[2, 32], Dtype::F32, 0.0, 1.0, 3);
     let w = normal(&[32], Dtype::F32, 1.0, 0.1, 4);
     rms_norm(&x, &w, 1e-5).unwrap().eval().unwrap();

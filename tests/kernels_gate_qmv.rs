@@ -15,7 +15,15 @@ fn tolerance(dtype: Dtype) -> f64 {
     }
 }
 
-fn weights(lead: &[i32], n: i32, k: i32, dtype: Dtype, bits: i32, group: i32, seed: u64) -> Quantized {
+fn weights(
+    lead: &[i32],
+    n: i32,
+    k: i32,
+    dtype: Dtype,
+    bits: i32,
+    group: i32,
+    seed: u64,
+) -> Quantized {
     let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
     quantize(&normal(&shape, dtype, 0.0, 0.05, seed), group, bits).unwrap()
 }
@@ -62,7 +70,11 @@ fn dense_matches_quantized_matmul() {
     for dtype in [Dtype::BF16, Dtype::F32, Dtype::F16] {
         for bits in [4, 8] {
             for group in [32, 64, 128] {
-                for (lead, k, n) in [(vec![1], 256, 96), (vec![33], 384, 72), (vec![2, 3], 128, 40)] {
+                for (lead, k, n) in [
+                    (vec![1], 256, 96),
+                    (vec![33], 384, 72),
+                    (vec![2, 3], 128, 40),
+                ] {
                     seed += 3;
                     let gate = weights(&[], n, k, dtype, bits, group, seed);
                     let up = weights(&[], n, k, dtype, bits, group, seed + 1);
@@ -142,7 +154,11 @@ fn bad_quantization_parameters_are_op_errors() {
         ..gate.clone()
     };
     let e = gate_qmv_silu_mul(&x, &with(48, 4), &with(48, 4)).unwrap_err();
-    assert!(e.message.contains("group size must be 32, 64 or 128, got 48"), "{e}");
+    assert!(
+        e.message
+            .contains("group size must be 32, 64 or 128, got 48"),
+        "{e}"
+    );
     let e = gate_qmv_silu_mul(&x, &with(64, 7), &with(64, 7)).unwrap_err();
     assert!(e.message.contains("bits must be one of"), "{e}");
     // Packed words that do not match K at these bits.

@@ -55,7 +55,12 @@ fn reference(y: &Array, s: &Array) -> Vec<f32> {
 
 /// Distance in units in the last place of `T` between `got` and the f32
 /// reference rounded to T.
-fn ulps<T: Element + Copy>(got: &Array, want: &[f32], to_t: fn(f32) -> T, key: fn(T) -> i64) -> i64 {
+fn ulps<T: Element + Copy>(
+    got: &Array,
+    want: &[f32],
+    to_t: fn(f32) -> T,
+    key: fn(T) -> i64,
+) -> i64 {
     let g = got.to_vec::<T>().unwrap();
     g.iter()
         .zip(want)
@@ -75,7 +80,12 @@ fn ordered(bits: i64, sign_bit: i64) -> i64 {
 
 fn max_ulps(got: &Array, want: &[f32]) -> i64 {
     match got.dtype() {
-        Dtype::F32 => ulps(got, want, |v| v, |v: f32| ordered(v.to_bits() as i64, 1 << 31)),
+        Dtype::F32 => ulps(
+            got,
+            want,
+            |v| v,
+            |v: f32| ordered(v.to_bits() as i64, 1 << 31),
+        ),
         Dtype::F16 => ulps(got, want, f16::from_f32, |v: f16| {
             ordered(v.to_bits() as i64, 1 << 15)
         }),

@@ -5,8 +5,8 @@ mod kernels_common;
 
 use kernels_common::{bits, normal};
 use mlx_backend::kernels::{
-    self, gate_qmv_silu_mul, moe_combine, registry, rms_norm, FallbackReason, Kernel,
-    ModelDims, MoeDims, QuantSpec,
+    self, gate_qmv_silu_mul, moe_combine, registry, rms_norm, FallbackReason, Kernel, ModelDims,
+    MoeDims, QuantSpec,
 };
 use mlx_backend::ops::quantize;
 use mlx_backend::Dtype;
@@ -65,11 +65,18 @@ fn disabled_kernel_falls_back_counted_disabled() {
     registry::set_enabled(Kernel::MoeCombine, true);
     let fused = moe_combine(&y, &s).unwrap();
     let after = registry::stats(Kernel::MoeCombine);
-    assert_eq!(after.fallbacks(FallbackReason::Disabled), before.fallbacks(FallbackReason::Disabled) + 1);
+    assert_eq!(
+        after.fallbacks(FallbackReason::Disabled),
+        before.fallbacks(FallbackReason::Disabled) + 1
+    );
     assert_eq!(after.fused, before.fused + 1);
     assert!(!before.enabled && after.enabled);
     assert_eq!(fallback.shape(), fused.shape());
-    assert_eq!(bits(&fallback), bits(&fused), "fused kernel and fallback agree here");
+    assert_eq!(
+        bits(&fallback),
+        bits(&fused),
+        "fused kernel and fallback agree here"
+    );
 }
 
 #[test]
@@ -87,12 +94,18 @@ fn warmup_runs_every_enabled_kernel() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let before = registry::snapshot();
     let report = kernels::warmup().unwrap();
-    let expected: usize = Kernel::ALL.iter().map(|&k| kernels::warmup_specs(k).len()).sum();
+    let expected: usize = Kernel::ALL
+        .iter()
+        .map(|&k| kernels::warmup_specs(k).len())
+        .sum();
     assert_eq!(report.ran + report.skipped, expected);
     let after = registry::snapshot();
     for k in Kernel::ALL {
         if registry::is_enabled(k) {
-            assert!(after.get(k).fused > before.get(k).fused, "{k} did not run fused");
+            assert!(
+                after.get(k).fused > before.get(k).fused,
+                "{k} did not run fused"
+            );
         }
     }
     let dims = ModelDims {

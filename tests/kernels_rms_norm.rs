@@ -32,7 +32,10 @@ fn check(got: &Array, want: &Array, dtype: Dtype, what: &str) {
     assert_eq!(got.dtype(), dtype, "{what}: dtype");
     assert_eq!(got.shape(), want.shape(), "{what}: shape");
     let err = max_rel_err(got, want, 1e-2);
-    assert!(err <= tolerance(dtype), "{what}: max relative error {err:e}");
+    assert!(
+        err <= tolerance(dtype),
+        "{what}: max relative error {err:e}"
+    );
 }
 
 #[test]

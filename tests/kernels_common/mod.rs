@@ -50,5 +50,9 @@ pub fn norm_rel_err(got: &Array, want: &Array) -> f64 {
 }
 
 pub fn bits(a: &Array) -> Vec<u32> {
-    a.to_f32_vec().unwrap().iter().map(|v| v.to_bits()).collect()
+    a.to_f32_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }

@@ -13,7 +13,7 @@ use crate::kernels::registry::{self, Kernel};
 /// Reinterprets MLX's bytes as `T`; MLX buffers hold whole, aligned elements.
 pub(crate) fn typed<T>(bytes: &[u8]) -> Result<&[T], KernelError> {
     let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
-    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % align != 0 {
+    if !bytes.len().is_multiple_of(size) || !(bytes.as_ptr() as usize).is_multiple_of(align) {
         return Err(KernelError::Shape(format!(
             "buffer of {} bytes is not an aligned array of {size}-byte elements",
             bytes.len()
@@ -27,7 +27,7 @@ pub(crate) fn typed<T>(bytes: &[u8]) -> Result<&[T], KernelError> {
 /// Mutable form of [`typed`].
 pub(crate) fn typed_mut<T>(bytes: &mut [u8]) -> Result<&mut [T], KernelError> {
     let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
-    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % align != 0 {
+    if !bytes.len().is_multiple_of(size) || !(bytes.as_ptr() as usize).is_multiple_of(align) {
         return Err(KernelError::Shape(format!(
             "output of {} bytes is not an aligned array of {size}-byte elements",
             bytes.len()

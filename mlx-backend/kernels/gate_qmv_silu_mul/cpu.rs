@@ -472,7 +472,7 @@ fn dequant_scalar<T: Element>(row: &QRow<T>, lay: &Layout, first_block: usize, d
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Layout, QRow, dequant_scalar, qdot_scalar};
+    use super::{dequant_scalar, qdot_scalar, Layout, QRow};
     use crate::kernels::cpu::simd::{avx2::hsum, Element};
     use std::arch::x86_64::*;
 
@@ -921,33 +921,29 @@ mod tests {
             w: &gate.w[1..],
             ..gate.experts(e_count)
         };
-        assert!(
-            gather_gate_qmv_silu_mul(
-                &x,
-                &[0],
-                &[0],
-                short,
-                up.experts(e_count),
-                &mut out[..n],
-                n,
-                k
-            )
-            .is_err()
-        );
+        assert!(gather_gate_qmv_silu_mul(
+            &x,
+            &[0],
+            &[0],
+            short,
+            up.experts(e_count),
+            &mut out[..n],
+            n,
+            k
+        )
+        .is_err());
         let too_many = gate.experts(e_count + 1);
-        assert!(
-            gather_gate_qmv_silu_mul(
-                &x,
-                &[0],
-                &[0],
-                too_many,
-                up.experts(e_count),
-                &mut out[..n],
-                n,
-                k
-            )
-            .is_err()
-        );
+        assert!(gather_gate_qmv_silu_mul(
+            &x,
+            &[0],
+            &[0],
+            too_many,
+            up.experts(e_count),
+            &mut out[..n],
+            n,
+            k
+        )
+        .is_err());
     }
 
     #[test]

@@ -34,7 +34,8 @@ fn eligibility(x: &Array, gate: &Quantized, up: &Quantized) -> Result<(), Fallba
     }
     let dt = x.dtype();
     let params = [&gate.scales, &gate.biases, &up.scales, &up.biases];
-    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16) || params.iter().any(|a| a.dtype() != dt)
+    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        || params.iter().any(|a| a.dtype() != dt)
     {
         return Err(FallbackReason::UnsupportedDtype);
     }

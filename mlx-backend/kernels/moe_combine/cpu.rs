@@ -71,7 +71,10 @@ pub(crate) fn moe_combine_cpu(
     hidden: usize,
 ) -> bool {
     run_entry(Kernel::MoeCombine, || {
-        let (yk, sk) = (FloatKind::from_code(y_dtype)?, FloatKind::from_code(scores_dtype)?);
+        let (yk, sk) = (
+            FloatKind::from_code(y_dtype)?,
+            FloatKind::from_code(scores_dtype)?,
+        );
         with_float!(yk, Y => with_float!(sk, S => moe_combine::<Y, S>(
             typed(y)?, typed(scores)?, typed_mut(out)?, rows, top_k, hidden
         )))

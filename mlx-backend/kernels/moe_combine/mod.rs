@@ -66,7 +66,12 @@ pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, O
 
 /// Test support: the vjp of the op (fused or fallback) w.r.t. `[y, scores]`.
 #[doc(hidden)]
-pub fn vjp(y: &Array, scores: &Array, cotangent: &Array, fused: bool) -> Result<Vec<Array>, OpError> {
+pub fn vjp(
+    y: &Array,
+    scores: &Array,
+    cotangent: &Array,
+    fused: bool,
+) -> Result<Vec<Array>, OpError> {
     let l = ffi::kernel_vjp(
         2,
         fused,

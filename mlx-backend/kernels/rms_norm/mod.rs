@@ -29,7 +29,8 @@ fn eligibility(x: &Array, others: &[&Array]) -> Result<(), FallbackReason> {
         return Err(FallbackReason::NoKernelForDevice);
     }
     let dt = x.dtype();
-    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16) || others.iter().any(|a| a.dtype() != dt)
+    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        || others.iter().any(|a| a.dtype() != dt)
     {
         return Err(FallbackReason::UnsupportedDtype);
     }
