@@ -13,6 +13,7 @@ use crate::device::current_spec;
 use crate::dtype::{Dtype, Element};
 use crate::error::{EvalError, HostDataError, OpError};
 use crate::ffi;
+use crate::kernels::registry;
 use cxx::UniquePtr;
 use std::fmt;
 
@@ -123,7 +124,7 @@ impl Array {
 
     /// Compute this array (and what it depends on) now.
     pub fn eval(&self) -> Result<(), EvalError> {
-        ffi::eval(self.inner()).map_err(EvalError::from)
+        checked_eval(|| ffi::eval(self.inner()))
     }
 
     /// Evaluate and copy out as a dense row-major `Vec<T>`; `T` must match the dtype.
@@ -192,7 +193,28 @@ fn shape_len(shape: &[i32]) -> Result<usize, HostDataError> {
 
 /// Evaluate several arrays together (one graph walk, shared work done once).
 pub fn eval(arrays: &[&Array]) -> Result<(), EvalError> {
-    ffi::eval_list(&list(arrays)).map_err(EvalError::from)
+    checked_eval(|| ffi::eval_list(&list(arrays)))
+}
+
+/// Runs an evaluation and turns a custom kernel failure during it into an
+/// error: the kernel left NaN in its output and recorded why in the
+/// registry, whose failure epoch moved. (A failure on another thread's
+/// concurrent evaluation is attributed here too; kernels failing is rare
+/// and each kernel fails at most once per process.)
+fn checked_eval(run: impl FnOnce() -> Result<(), cxx::Exception>) -> Result<(), EvalError> {
+    let before = registry::failure_epoch();
+    run().map_err(EvalError::from)?;
+    if registry::failure_epoch() != before {
+        let message = match registry::last_failure() {
+            Some(f) => format!(
+                "kernel {} failed: {}; its outputs are invalid, later builds use the fallback",
+                f.kernel, f.message
+            ),
+            None => "a custom kernel failed".to_string(),
+        };
+        return Err(EvalError { message });
+    }
+    Ok(())
 }
 
 /// Start evaluating several arrays without waiting; a later eval or host read waits.

@@ -332,6 +332,142 @@ pub(crate) mod bridge {
         fn gguf_metadata_string(f: &GgufFile, key: &str) -> Result<String>;
         fn gguf_metadata_strings(f: &GgufFile, key: &str) -> Result<Vec<String>>;
     }
+
+    // ---- custom primitives: each op builds the fused Primitive when `fused`
+    // is set and MLX's fallback graph otherwise; both check the contract.
+    unsafe extern "C++" {
+        fn kernel_rms_norm(
+            x: &array,
+            w: &array,
+            eps: f32,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        fn kernel_rms_norm_residual(
+            x: &array,
+            residual: &array,
+            w: &array,
+            eps: f32,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<ArrayList>>;
+        fn kernel_moe_combine(
+            y: &array,
+            scores: &array,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        /// `gate` and `up` are `[weight, scales, biases]`.
+        fn kernel_gate_qmv_silu_mul(
+            x: &array,
+            gate: &ArrayList,
+            up: &ArrayList,
+            group_size: i32,
+            bits: i32,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn kernel_gather_gate_qmv_silu_mul(
+            x: &array,
+            indices: &array,
+            gate: &ArrayList,
+            up: &ArrayList,
+            group_size: i32,
+            bits: i32,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
+        /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
+        /// 2 moe_combine) built fused or as the fallback.
+        fn kernel_vjp(
+            kernel: i32,
+            fused: bool,
+            primals: &ArrayList,
+            cotangents: &ArrayList,
+            eps: f32,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<ArrayList>>;
+    }
+
+    // ---- CPU kernels called from C++ (on MLX's stream thread). They never
+    // unwind: `false` means failed, with the failure recorded in the registry.
+    extern "Rust" {
+        #[allow(clippy::too_many_arguments)]
+        fn rms_norm_cpu(
+            dtype: i32,
+            x: &[u8],
+            w: &[u8],
+            out: &mut [u8],
+            rows: usize,
+            hidden: usize,
+            eps: f32,
+        ) -> bool;
+        #[allow(clippy::too_many_arguments)]
+        fn rms_norm_residual_cpu(
+            dtype: i32,
+            x: &[u8],
+            residual: &[u8],
+            w: &[u8],
+            normed: &mut [u8],
+            sum: &mut [u8],
+            rows: usize,
+            hidden: usize,
+            eps: f32,
+        ) -> bool;
+        #[allow(clippy::too_many_arguments)]
+        fn moe_combine_cpu(
+            y_dtype: i32,
+            scores_dtype: i32,
+            y: &[u8],
+            scores: &[u8],
+            out: &mut [u8],
+            rows: usize,
+            top_k: usize,
+            hidden: usize,
+        ) -> bool;
+        #[allow(clippy::too_many_arguments)]
+        fn gate_qmv_silu_mul_cpu(
+            dtype: i32,
+            x: &[u8],
+            gate_w: &[u32],
+            gate_scales: &[u8],
+            gate_biases: &[u8],
+            up_w: &[u32],
+            up_scales: &[u8],
+            up_biases: &[u8],
+            bits: u32,
+            group_size: usize,
+            out: &mut [u8],
+            m: usize,
+            n: usize,
+            k: usize,
+        ) -> bool;
+        #[allow(clippy::too_many_arguments)]
+        fn gather_gate_qmv_silu_mul_cpu(
+            dtype: i32,
+            x: &[u8],
+            x_row_for: &[u32],
+            experts: &[u32],
+            gate_w: &[u32],
+            gate_scales: &[u8],
+            gate_biases: &[u8],
+            up_w: &[u32],
+            up_scales: &[u8],
+            up_biases: &[u8],
+            bits: u32,
+            group_size: usize,
+            num_experts: usize,
+            out: &mut [u8],
+            n: usize,
+            k: usize,
+        ) -> bool;
+    }
 }
 
 pub(crate) use bridge::*;
+
+// The Rust side of the "CPU kernels called from C++" section.
+use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
+use crate::kernels::moe_combine::cpu::moe_combine_cpu;
+use crate::kernels::rms_norm::cpu::{rms_norm_cpu, rms_norm_residual_cpu};

@@ -188,7 +188,7 @@ pub fn check(bytes: &[u8]) -> Result<(), GgufCheckError> {
             Some(l) => l,
             None => return c.fail(format!("tensor '{name}' has unknown ggml type {ggml_type}")),
         };
-        if elements % block != 0 {
+        if !elements.is_multiple_of(block) {
             return c.fail(format!(
                 "tensor '{name}' has {elements} elements, not a whole number of blocks of {block}"
             ));

@@ -8,6 +8,8 @@
 //!   functions in [`ops`]; every fallible call returns a typed error.
 //! * [`Device`] / [`Stream`]: where ops run. Arrays are not `Send`, because MLX
 //!   streams belong to the thread that made them.
+//! * [`kernels`]: the custom Primitives (RMSNorm, MoE combine, quantized
+//!   SwiGLU projection), their CPU kernels, registry and warmup.
 //! * [`io`]: safetensors and GGUF files; [`memory`]: MLX's allocator.
 //! * [`tokenizer`]: tokenizers (tokenizer.json or GGUF metadata), streaming
 //!   detokenization and chat templates.
@@ -19,6 +21,7 @@ mod error;
 mod ffi;
 mod gguf_check;
 pub mod io;
+pub mod kernels;
 pub mod memory;
 pub mod model;
 pub mod ops;

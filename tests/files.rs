@@ -296,7 +296,7 @@ impl Gguf {
             offset += (data.len() as u64).div_ceil(32) * 32;
         }
         for (_, _, _, data) in &self.tensors {
-            while b.len() % 32 != 0 {
+            while !b.len().is_multiple_of(32) {
                 b.push(0);
             }
             b.extend_from_slice(data);

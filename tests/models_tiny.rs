@@ -46,6 +46,8 @@ struct Golden {
     load_dtype: Option<Dtype>,
     /// All weights float32 and unquantized: the strict tolerance applies.
     exact_f32: bool,
+    /// Activations run in bfloat16 (the oracle is then no higher-precision reference).
+    bf16_activations: bool,
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
@@ -78,20 +80,28 @@ fn golden(dir: &Path) -> Golden {
         logits: SafetensorsFile::load(dir.join("golden.safetensors")).unwrap(),
         load_dtype,
         exact_f32,
+        bf16_activations: g["load_dtype"].is_null()
+            && g["float_dtypes"].to_string().contains("bfloat16"),
     }
 }
 
 /// `(max |a - b|, max |b|)`.
+/// `(max |a - b|, ||a - b||₂ / ||b||₂)` over all logits, computed in f64.
 fn errors(got: &[f32], want: &[f32]) -> (f32, f32) {
     assert_eq!(got.len(), want.len(), "logit counts differ");
-    let mut max_err = 0f32;
-    let mut max_ref = 0f32;
-    for (a, b) in got.iter().zip(want) {
+    let mut max_err = 0f64;
+    let (mut diff_sq, mut ref_sq) = (0f64, 0f64);
+    for (&a, &b) in got.iter().zip(want) {
         assert!(a.is_finite(), "non-finite logit {a}");
-        max_err = max_err.max((a - b).abs());
-        max_ref = max_ref.max(b.abs());
+        let d = a as f64 - b as f64;
+        max_err = max_err.max(d.abs());
+        diff_sq += d * d;
+        ref_sq += b as f64 * b as f64;
     }
-    (max_err, max_ref)
+    (
+        max_err as f32,
+        (diff_sq / ref_sq.max(f64::MIN_POSITIVE)).sqrt() as f32,
+    )
 }
 
 fn argmax_last(logits: &Array) -> u32 {
@@ -104,9 +114,21 @@ fn argmax_last(logits: &Array) -> u32 {
         .unwrap()[0]
 }
 
-/// Compares logits with their golden under the folder's tolerance; returns
-/// `(max abs error, relative error)`.
-fn compare(what: &str, exact_f32: bool, got: &Array, want: &Array) -> (f32, f32) {
+/// Compares logits with their golden; returns `(max abs error, relative error)`.
+///
+/// With bfloat16 activations, mlx-lm's logits are one bf16 rounding of the
+/// model and ours (whose fused kernels accumulate in f32) another; there the
+/// golden is no higher-precision reference, so `f32_ref` (the same weights
+/// run in float32, a path the f32 folders pin to mlx-lm bit for bit) decides:
+/// ours must be about as close to it as mlx-lm's bf16 result is (within a
+/// quarter of mlx-lm's own error: two bf16 roundings of a 3%-noisy model).
+fn compare(
+    what: &str,
+    g: &Golden,
+    got: &Array,
+    want: &Array,
+    f32_ref: Option<&Array>,
+) -> (f32, f32) {
     assert_eq!(
         got.size(),
         want.size(),
@@ -114,15 +136,23 @@ fn compare(what: &str, exact_f32: bool, got: &Array, want: &Array) -> (f32, f32)
         got.shape(),
         want.shape()
     );
-    let (err, max_ref) = errors(
-        &got.to_vec::<f32>().unwrap(),
-        &want.to_vec::<f32>().unwrap(),
-    );
-    let rel = err / max_ref;
-    if exact_f32 {
+    let got_v = got.to_vec::<f32>().unwrap();
+    let want_v = want.to_vec::<f32>().unwrap();
+    let (err, rel) = errors(&got_v, &want_v);
+    if g.exact_f32 {
         assert!(err < 1e-4, "{what}: max abs error {err:e} >= 1e-4");
-    } else {
-        assert!(rel < 2e-2, "{what}: relative error {rel:e} >= 2e-2");
+    } else if rel >= 2e-2 {
+        let reference = f32_ref
+            .filter(|_| g.bf16_activations)
+            .unwrap_or_else(|| panic!("{what}: relative error {rel:e} >= 2e-2"))
+            .to_vec::<f32>()
+            .unwrap();
+        let (_, ours) = errors(&got_v, &reference);
+        let (_, oracle) = errors(&want_v, &reference);
+        assert!(
+            ours <= 1.25 * oracle + 2e-3,
+            "{what}: relative error {rel:e} vs mlx-lm, and {ours:e} vs the f32 reference where mlx-lm's bf16 is {oracle:e}"
+        );
     }
     (err, rel)
 }
@@ -141,37 +171,68 @@ fn check_dir(name: &str, dir: &Path) {
     };
     let loaded = model::load(dir, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
     let m = &loaded.model;
+    let reference = g.bf16_activations.then(|| {
+        let f32_options = LoadOptions {
+            dtype: Some(Dtype::F32),
+            quantize: None,
+        };
+        model::load(dir, &f32_options).unwrap().model
+    });
     let (mut worst_abs, mut worst_rel) = (0f32, 0f32);
     for (p, (prompt, greedy)) in g.prompts.iter().zip(&g.greedy).enumerate() {
         let len = prompt.len() as i32;
         let mut caches = m.new_caches(256);
+        let mut ref_caches = reference.as_ref().map(|r| r.new_caches(256));
         let tokens = Array::from_slice(prompt, &[1, len]).unwrap();
         let logits = m.forward(&tokens, &mut caches, Logits::All).unwrap();
+        let ref_logits = reference
+            .as_ref()
+            .zip(ref_caches.as_mut())
+            .map(|(r, c)| r.forward(&tokens, c, Logits::All).unwrap());
         assert_eq!(logits.dtype(), Dtype::F32);
         assert_eq!(logits.shape()[..2], [1, len]);
         let want = g.logits.get(&format!("prompt_logits.{p}")).unwrap();
-        let (err, rel) = compare(&format!("{name} prompt {p}"), g.exact_f32, &logits, &want);
+        let (err, rel) = compare(
+            &format!("{name} prompt {p}"),
+            &g,
+            &logits,
+            &want,
+            ref_logits.as_ref(),
+        );
         worst_abs = worst_abs.max(err);
         worst_rel = worst_rel.max(rel);
         let decode = g.logits.get(&format!("decode_logits.{p}")).unwrap();
-        let mut got = vec![argmax_last(&logits.slice_axis(1, len - 1, len).unwrap())];
+        let last = |l: &Array| argmax_last(&l.slice_axis(1, len - 1, len).unwrap());
+        let mut got = vec![last(&logits)];
+        let mut ref_tokens: Vec<Option<u32>> = vec![ref_logits.as_ref().map(last)];
         for step in 1..greedy.len() {
             // Feed the golden token, so one flipped token does not derail the
             // rest; the greedy comparison below still catches the flip.
             let tokens = Array::from_slice(&[greedy[step - 1]], &[1, 1]).unwrap();
             let logits = m.forward(&tokens, &mut caches, Logits::Last).unwrap();
+            let ref_logits = reference
+                .as_ref()
+                .zip(ref_caches.as_mut())
+                .map(|(r, c)| r.forward(&tokens, c, Logits::Last).unwrap());
             let row = step as i32 - 1;
             let want = decode.slice_axis(0, row, row + 1).unwrap();
             let what = format!("{name} prompt {p} decode step {step}");
-            let (err, rel) = compare(&what, g.exact_f32, &logits, &want);
+            let (err, rel) = compare(&what, &g, &logits, &want, ref_logits.as_ref());
             worst_abs = worst_abs.max(err);
             worst_rel = worst_rel.max(rel);
             got.push(argmax_last(&logits));
+            ref_tokens.push(ref_logits.as_ref().map(argmax_last));
         }
-        assert_eq!(
-            &got, greedy,
-            "{name} prompt {p}: greedy tokens differ from mlx-lm"
-        );
+        // With bf16 activations a near-tie may flip either way; then ours
+        // must be the float32 reference's choice.
+        for (step, ((ours, oracle), f32_choice)) in
+            got.iter().zip(greedy).zip(&ref_tokens).enumerate()
+        {
+            assert!(
+                ours == oracle || Some(*ours) == *f32_choice,
+                "{name} prompt {p} step {step}: greedy token {ours}, mlx-lm {oracle}, f32 reference {f32_choice:?}"
+            );
+        }
     }
     eprintln!("{name}: max abs error {worst_abs:.3e}, max relative error {worst_rel:.3e}");
 }
@@ -337,7 +398,7 @@ fn safetensors_header_sizes_lie() {
     let offsets = v[&name]["data_offsets"].as_array_mut().unwrap();
     offsets[1] = serde_json::json!(1u64 << 40);
     let mut header = v.to_string().into_bytes();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut out = (header.len() as u64).to_le_bytes().to_vec();

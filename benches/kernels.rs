@@ -1,0 +1,207 @@
+//! Custom kernels against MLX's built-in op or the fallback graph, on the
+//! CPU, at decode and prefill shapes; plus the machine's read bandwidth.
+//!
+//! `cargo bench --bench kernels` prints criterion's timings and a summary
+//! table (median µs per call, achieved GB/s vs. read bandwidth, speedup).
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use mlx_backend::kernels::{
+    gate_qmv_silu_mul, gather_gate_qmv_silu_mul, moe_combine, registry, rms_norm, Kernel,
+};
+use mlx_backend::ops::{quantize, random, Quantized};
+use mlx_backend::{Array, Dtype};
+use std::time::{Duration, Instant};
+
+const DTYPE: Dtype = Dtype::BF16;
+
+fn normal(shape: &[i32], loc: f32, scale: f32, seed: u64) -> Array {
+    let key = random::key(seed).unwrap();
+    let a = random::normal(shape, DTYPE, loc, scale, Some(&key)).unwrap();
+    a.eval().unwrap();
+    a
+}
+
+fn quantized(lead: &[i32], n: i32, k: i32, group: i32, seed: u64) -> Quantized {
+    let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
+    let q = quantize(&normal(&shape, 0.0, 0.05, seed), group, 4).unwrap();
+    mlx_backend::eval(&[&q.weight, &q.scales, &q.biases]).unwrap();
+    q
+}
+
+/// One benchmark case: the kernel and the MLX path, each building and
+/// evaluating the op once per call.
+struct Case {
+    name: String,
+    /// Bytes the op must move at least once (inputs read + outputs written).
+    bytes: f64,
+    kernel: Box<dyn Fn()>,
+    mlx: Box<dyn Fn()>,
+}
+
+/// Runs `op` with `kernel` switched on or off (the fallback is MLX's path).
+fn with_kernel(kernel: Kernel, on: bool, op: impl Fn() -> Array + 'static) -> Box<dyn Fn()> {
+    Box::new(move || {
+        registry::set_enabled(kernel, on);
+        op().eval().unwrap();
+    })
+}
+
+fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    let sz = DTYPE.size() as f64;
+    for (rows, hidden) in [(1, 576), (1, 4096), (4096, 4096)] {
+        let x = normal(&[rows, hidden], 0.0, 1.0, 1);
+        let w = normal(&[hidden], 1.0, 0.1, 2);
+        let (x2, w2) = (x.clone(), w.clone());
+        cases.push(Case {
+            name: format!("rms_norm {rows}x{hidden}"),
+            bytes: (2 * rows * hidden + hidden) as f64 * sz,
+            kernel: with_kernel(Kernel::RmsNorm, true, move || {
+                rms_norm(&x, &w, 1e-5).unwrap()
+            }),
+            mlx: Box::new(move || x2.rms_norm_mlx(Some(&w2), 1e-5).unwrap().eval().unwrap()),
+        });
+    }
+    for shape in [[1, 1, 4, 2048], [1, 268, 4, 2048]] {
+        let y = normal(&shape, 0.0, 1.0, 3);
+        let s = normal(&shape[..3], 0.0, 1.0, 4);
+        let (y2, s2) = (y.clone(), s.clone());
+        let elems = (shape.iter().product::<i32>()) as f64;
+        cases.push(Case {
+            name: format!("moe_combine {shape:?}"),
+            bytes: (elems + elems / 4.0 + elems / 4.0) * sz,
+            kernel: with_kernel(Kernel::MoeCombine, true, move || {
+                moe_combine(&y, &s).unwrap()
+            }),
+            mlx: with_kernel(Kernel::MoeCombine, false, move || {
+                moe_combine(&y2, &s2).unwrap()
+            }),
+        });
+    }
+    for (k, n, group) in [(576, 1536, 32), (4096, 14336, 64)] {
+        let x = normal(&[1, k], 0.0, 1.0, 5);
+        let gate = quantized(&[], n, k, group, 6);
+        let up = quantized(&[], n, k, group, 7);
+        let (x2, gate2, up2) = (x.clone(), gate.clone(), up.clone());
+        let weights = 2.0 * (n as f64 * k as f64 * 0.5 + 2.0 * (n * k / group) as f64 * sz);
+        cases.push(Case {
+            name: format!("gate_qmv_silu_mul 1x{k}->{n} g{group} q4"),
+            bytes: weights + (k + n) as f64 * sz,
+            kernel: with_kernel(Kernel::GateQmvSiluMul, true, move || {
+                gate_qmv_silu_mul(&x, &gate, &up).unwrap()
+            }),
+            mlx: with_kernel(Kernel::GateQmvSiluMul, false, move || {
+                gate_qmv_silu_mul(&x2, &gate2, &up2).unwrap()
+            }),
+        });
+    }
+    {
+        let (e, top_k, k, n, group) = (60, 4, 2048, 1408, 64);
+        let x = normal(&[1, k], 0.0, 1.0, 8);
+        let idx = Array::from_slice(&[3u32, 17, 42, 59], &[1, top_k]).unwrap();
+        let gate = quantized(&[e], n, k, group, 9);
+        let up = quantized(&[e], n, k, group, 10);
+        let (x2, idx2, gate2, up2) = (x.clone(), idx.clone(), gate.clone(), up.clone());
+        let per_expert = 2.0 * (n as f64 * k as f64 * 0.5 + 2.0 * (n * k / group) as f64 * sz);
+        cases.push(Case {
+            name: format!("gather_gate_qmv E{e} top{top_k} {k}->{n} g{group} q4"),
+            bytes: top_k as f64 * per_expert,
+            kernel: with_kernel(Kernel::GateQmvSiluMul, true, move || {
+                gather_gate_qmv_silu_mul(&x, &idx, &gate, &up).unwrap()
+            }),
+            mlx: with_kernel(Kernel::GateQmvSiluMul, false, move || {
+                gather_gate_qmv_silu_mul(&x2, &idx2, &gate2, &up2).unwrap()
+            }),
+        });
+    }
+    cases
+}
+
+/// Median seconds per call over ~`budget` of calls (at least 5).
+fn median_secs(f: &dyn Fn(), budget: Duration) -> f64 {
+    f();
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || (start.elapsed() < budget && times.len() < 2000) {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[times.len() / 2]
+}
+
+/// Sum with 16 independent lanes, so the loop vectorises and is bound by
+/// memory, not by the latency of one chain of adds.
+fn sum_lanes(c: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    for v in c.chunks_exact(16) {
+        for i in 0..16 {
+            acc[i] += v[i];
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Read bandwidth: summing a 256 MB f32 buffer with 2 threads, best of 5.
+fn read_bandwidth_gbs() -> f64 {
+    let buf: Vec<f32> = (0..64 << 20).map(|i| (i % 7) as f32).collect();
+    let half = buf.len() / 2;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let total: f32 = std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks(half)
+                .map(|c| s.spawn(move || sum_lanes(c)))
+                .collect();
+            parts.into_iter().map(|p| p.join().unwrap()).sum()
+        });
+        std::hint::black_box(total);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (buf.len() * 4) as f64 / best / 1e9
+}
+
+fn bench(c: &mut Criterion) {
+    let cases = cases();
+    let mut group = c.benchmark_group("kernels");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(800));
+    for case in &cases {
+        group.bench_function(format!("{} / kernel", case.name), |b| {
+            b.iter(|| (case.kernel)())
+        });
+        group.bench_function(format!("{} / mlx", case.name), |b| b.iter(|| (case.mlx)()));
+    }
+    group.finish();
+
+    let bw = read_bandwidth_gbs();
+    println!("\nread bandwidth (256 MB f32 sum, 2 threads): {bw:.1} GB/s; dtype {DTYPE}");
+    println!(
+        "| case | kernel µs | MLX µs | speedup | kernel GB/s | % of read BW |\n|---|---:|---:|---:|---:|---:|"
+    );
+    for case in &cases {
+        let budget = Duration::from_millis(700);
+        let tk = median_secs(&*case.kernel, budget);
+        let tm = median_secs(&*case.mlx, budget);
+        let gbs = case.bytes / tk / 1e9;
+        println!(
+            "| {} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.0}% |",
+            case.name,
+            tk * 1e6,
+            tm * 1e6,
+            tm / tk,
+            gbs,
+            100.0 * gbs / bw
+        );
+    }
+    for k in Kernel::ALL {
+        registry::set_enabled(k, true);
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

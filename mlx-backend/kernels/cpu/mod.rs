@@ -1,0 +1,103 @@
+//! Shared pieces of the CPU kernel bodies: element conversions and SIMD
+//! primitives, argument errors, and the byte-slice plumbing the
+//! `extern "Rust"` entry points use to reach the typed kernels.
+
+pub(crate) mod error;
+pub(crate) mod simd;
+
+pub(crate) use error::KernelError;
+
+use crate::dtype::Dtype;
+use crate::kernels::registry::{self, Kernel};
+
+/// Reinterprets MLX's bytes as `T`; MLX buffers hold whole, aligned elements.
+pub(crate) fn typed<T>(bytes: &[u8]) -> Result<&[T], KernelError> {
+    let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
+    if !bytes.len().is_multiple_of(size) || !(bytes.as_ptr() as usize).is_multiple_of(align) {
+        return Err(KernelError::Shape(format!(
+            "buffer of {} bytes is not an aligned array of {size}-byte elements",
+            bytes.len()
+        )));
+    }
+    // SAFETY: length and alignment were checked; every element type used here
+    // (f32, f16, bf16, u32) is valid for any bit pattern.
+    Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), bytes.len() / size) })
+}
+
+/// Mutable form of [`typed`].
+pub(crate) fn typed_mut<T>(bytes: &mut [u8]) -> Result<&mut [T], KernelError> {
+    let (size, align) = (std::mem::size_of::<T>(), std::mem::align_of::<T>());
+    if !bytes.len().is_multiple_of(size) || !(bytes.as_ptr() as usize).is_multiple_of(align) {
+        return Err(KernelError::Shape(format!(
+            "output of {} bytes is not an aligned array of {size}-byte elements",
+            bytes.len()
+        )));
+    }
+    // SAFETY: as in `typed`; the borrow is exclusive.
+    Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast(), bytes.len() / size) })
+}
+
+/// The float element types the kernels are instantiated for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FloatKind {
+    F32,
+    F16,
+    BF16,
+}
+
+impl FloatKind {
+    pub(crate) fn from_code(code: i32) -> Result<FloatKind, KernelError> {
+        match Dtype::from_code(code) {
+            Some(Dtype::F32) => Ok(FloatKind::F32),
+            Some(Dtype::F16) => Ok(FloatKind::F16),
+            Some(Dtype::BF16) => Ok(FloatKind::BF16),
+            other => Err(KernelError::Unsupported(format!("dtype {other:?}"))),
+        }
+    }
+}
+
+/// Evaluates `body` with `T` bound to the element type of `kind`.
+macro_rules! with_float {
+    ($kind:expr, $T:ident => $body:expr) => {
+        match $kind {
+            $crate::kernels::cpu::FloatKind::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::kernels::cpu::FloatKind::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::kernels::cpu::FloatKind::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_float;
+
+/// Runs one kernel invocation for C++: a panic or an error never crosses the
+/// FFI boundary; it is recorded in the registry and reported as `false`.
+pub(crate) fn run_entry(kernel: Kernel, body: impl FnOnce() -> Result<(), KernelError>) -> bool {
+    if registry::take_forced_failure(kernel) {
+        registry::record_failure(kernel, "forced failure (test hook)".into());
+        return false;
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            registry::record_failure(kernel, e.to_string());
+            false
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            registry::record_failure(kernel, format!("panicked: {msg}"));
+            false
+        }
+    }
+}

@@ -1,0 +1,1025 @@
+//! Fused SwiGLU input projection on MLX affine-quantized weights:
+//! `out = silu(x·Wgᵀ) * (x·Wuᵀ)`, with `W[n,k] = scale * q + bias` per group.
+//!
+//! Rounding follows MLX's unfused graph (two quantized matmuls, then
+//! `silu(g) = g * sigmoid(g)` and the product, each op rounding to T);
+//! the dot products themselves accumulate in f32 with FMA.
+//!
+//! Inputs are rearranged once per call into "block order" so that one
+//! 256-bit load of 8 packed words lines up with 8 consecutive f32 of x:
+//! within a block of 8 words, value `v` of word `j` is stored at
+//! `v * lanes + j` (lanes = 8, or fewer in a short final block).
+
+use rayon::prelude::*;
+
+use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::registry::Kernel;
+
+use crate::kernels::cpu::error::{check_len, KernelError};
+use crate::kernels::cpu::simd::{self, Element};
+
+/// Below this many multiply-adds threading costs more than it saves.
+const PAR_MIN_MACS: usize = 1 << 20;
+/// Output rows per rayon task.
+const TILE_N: usize = 16;
+
+/// One quantized `[N, K]` matrix in MLX affine layout.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatrix<'a, T> {
+    /// `[N, K * bits / 32]` packed values, lowest bits first.
+    pub w: &'a [u32],
+    /// `[N, K / group_size]`.
+    pub scales: &'a [T],
+    /// `[N, K / group_size]`.
+    pub biases: &'a [T],
+    pub bits: u32,
+    pub group_size: usize,
+}
+
+/// `num_experts` quantized `[N, K]` matrices stacked as `[E, N, ...]`.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantExperts<'a, T> {
+    pub w: &'a [u32],
+    pub scales: &'a [T],
+    pub biases: &'a [T],
+    pub bits: u32,
+    pub group_size: usize,
+    pub num_experts: usize,
+}
+
+/// Dense form: `x` is `[m, k]`, `out` is `[m, n]`, both row-major.
+pub fn gate_qmv_silu_mul<T: Element>(
+    x: &[T],
+    gate: QuantMatrix<T>,
+    up: QuantMatrix<T>,
+    out: &mut [T],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    let lay = Layout::shared(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
+    let gv = QView::new("gate", gate.w, gate.scales, gate.biases, lay, 1)?;
+    let uv = QView::new("up", up.w, up.scales, up.biases, lay, 1)?;
+    check_len("x", x.len(), m.checked_mul(k))?;
+    check_len("out", out.len(), m.checked_mul(n))?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let px = PreparedX::new(x.chunks_exact(k), &lay);
+    if m == 1 {
+        project_rows(&px, &gv, &uv, out);
+    } else {
+        let mut tmp = vec![T::from_f32(0.0); n * m];
+        project_rows(&px, &gv, &uv, &mut tmp);
+        scatter_rows(&tmp, out, m, n, |r| r);
+    }
+    Ok(())
+}
+
+/// Expert-indexed form: output row `i` is computed from x row
+/// `x_row_for[i]` with expert `experts[i]`. `x` is `[R, k]`, `out` is
+/// `[experts.len(), n]`. Rows sharing an expert are batched so that
+/// expert's weights are read once.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_gate_qmv_silu_mul<T: Element>(
+    x: &[T],
+    x_row_for: &[u32],
+    experts: &[u32],
+    gate: QuantExperts<T>,
+    up: QuantExperts<T>,
+    out: &mut [T],
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    let lay = Layout::shared(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
+    if gate.num_experts != up.num_experts {
+        return Err(KernelError::Shape(format!(
+            "gate has {} experts, up has {}",
+            gate.num_experts, up.num_experts
+        )));
+    }
+    let num_experts = gate.num_experts;
+    let gv = QView::new("gate", gate.w, gate.scales, gate.biases, lay, num_experts)?;
+    let uv = QView::new("up", up.w, up.scales, up.biases, lay, num_experts)?;
+    if !x.len().is_multiple_of(k) {
+        return Err(KernelError::Shape(format!(
+            "x has {} elements, not a multiple of k = {k}",
+            x.len()
+        )));
+    }
+    let x_rows = x.len() / k;
+    let rows = experts.len();
+    check_len("x_row_for", x_row_for.len(), Some(rows))?;
+    check_len("out", out.len(), rows.checked_mul(n))?;
+    for (i, (&e, &r)) in experts.iter().zip(x_row_for).enumerate() {
+        if e as usize >= num_experts {
+            return Err(KernelError::IndexOutOfRange(format!(
+                "row {i}: expert {e} >= num_experts {num_experts}"
+            )));
+        }
+        if r as usize >= x_rows {
+            return Err(KernelError::IndexOutOfRange(format!(
+                "row {i}: x row {r} >= {x_rows}"
+            )));
+        }
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let mut order: Vec<usize> = (0..rows).collect();
+    order.sort_by_key(|&i| experts[i]);
+    for group in order.chunk_by(|&a, &b| experts[a] == experts[b]) {
+        let e = experts[group[0]] as usize;
+        let x_sel = group.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
+        let px = PreparedX::new(x_sel, &lay);
+        let mut tmp = vec![T::from_f32(0.0); n * group.len()];
+        project_rows(&px, &gv.expert(e), &uv.expert(e), &mut tmp);
+        scatter_rows(&tmp, out, group.len(), n, |r| group[r]);
+    }
+    Ok(())
+}
+
+/// Validated quantisation geometry shared by gate and up.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    bits: u32,
+    group_size: usize,
+    n: usize,
+    k: usize,
+    vals_per_word: usize,
+    words_per_row: usize,
+    groups_per_row: usize,
+    /// log2(words per group): groups are powers of two, so a shift suffices.
+    words_per_group_log2: u32,
+}
+
+impl Layout {
+    fn shared(
+        gate_bits: u32,
+        gate_group: usize,
+        up_bits: u32,
+        up_group: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, KernelError> {
+        if (gate_bits, gate_group) != (up_bits, up_group) {
+            return Err(KernelError::Unsupported(format!(
+                "gate ({gate_bits} bits, group {gate_group}) and up ({up_bits} bits, \
+                 group {up_group}) must share quantisation parameters"
+            )));
+        }
+        if !matches!(gate_bits, 4 | 8) {
+            return Err(KernelError::Unsupported(format!(
+                "bits = {gate_bits}, expected 4 or 8"
+            )));
+        }
+        if !matches!(gate_group, 32 | 64 | 128) {
+            return Err(KernelError::Unsupported(format!(
+                "group_size = {gate_group}, expected 32, 64 or 128"
+            )));
+        }
+        if k == 0 || !k.is_multiple_of(gate_group) {
+            return Err(KernelError::Shape(format!(
+                "k = {k} must be a positive multiple of group_size {gate_group}"
+            )));
+        }
+        let vals_per_word = (32 / gate_bits) as usize;
+        Ok(Layout {
+            bits: gate_bits,
+            group_size: gate_group,
+            n,
+            k,
+            vals_per_word,
+            words_per_row: k / vals_per_word,
+            groups_per_row: k / gate_group,
+            words_per_group_log2: (gate_group / vals_per_word).trailing_zeros(),
+        })
+    }
+
+    fn mask(&self) -> u32 {
+        (1u32 << self.bits) - 1
+    }
+
+    fn group_of_word(&self, word: usize) -> usize {
+        word >> self.words_per_group_log2
+    }
+}
+
+/// A validated stack of `mats` quantized matrices.
+#[derive(Clone, Copy)]
+struct QView<'a, T> {
+    w: &'a [u32],
+    scales: &'a [T],
+    biases: &'a [T],
+    lay: Layout,
+}
+
+/// One output row's weights.
+struct QRow<'a, T> {
+    w: &'a [u32],
+    scales: &'a [T],
+    biases: &'a [T],
+}
+
+impl<'a, T: Element> QView<'a, T> {
+    fn new(
+        name: &str,
+        w: &'a [u32],
+        scales: &'a [T],
+        biases: &'a [T],
+        lay: Layout,
+        mats: usize,
+    ) -> Result<Self, KernelError> {
+        let rows = mats.checked_mul(lay.n);
+        check_len(
+            &format!("{name}.w"),
+            w.len(),
+            rows.and_then(|r| r.checked_mul(lay.words_per_row)),
+        )?;
+        let group_len = rows.and_then(|r| r.checked_mul(lay.groups_per_row));
+        check_len(&format!("{name}.scales"), scales.len(), group_len)?;
+        check_len(&format!("{name}.biases"), biases.len(), group_len)?;
+        Ok(QView {
+            w,
+            scales,
+            biases,
+            lay,
+        })
+    }
+
+    fn expert(&self, e: usize) -> Self {
+        let (n, wpr, gpr) = (self.lay.n, self.lay.words_per_row, self.lay.groups_per_row);
+        QView {
+            w: &self.w[e * n * wpr..][..n * wpr],
+            scales: &self.scales[e * n * gpr..][..n * gpr],
+            biases: &self.biases[e * n * gpr..][..n * gpr],
+            lay: self.lay,
+        }
+    }
+
+    fn row(&self, r: usize) -> QRow<'a, T> {
+        let (wpr, gpr) = (self.lay.words_per_row, self.lay.groups_per_row);
+        QRow {
+            w: &self.w[r * wpr..][..wpr],
+            scales: &self.scales[r * gpr..][..gpr],
+            biases: &self.biases[r * gpr..][..gpr],
+        }
+    }
+}
+
+/// x rows converted to f32 in block order, plus per-group sums of x
+/// (the bias contribution is `bias * sum(x over the group)`).
+struct PreparedX {
+    perm: Vec<f32>,
+    group_sums: Vec<f32>,
+    rows: usize,
+}
+
+impl PreparedX {
+    fn new<'x, T: Element>(rows: impl Iterator<Item = &'x [T]>, lay: &Layout) -> Self {
+        let k = lay.k;
+        let mut natural = vec![0.0f32; k];
+        let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
+        for row in rows {
+            T::load_f32(row, &mut natural);
+            group_sums.extend(
+                natural
+                    .chunks_exact(lay.group_size)
+                    .map(|g| g.iter().sum::<f32>()),
+            );
+            let start = perm.len();
+            perm.resize(start + k, 0.0);
+            to_block_order(&natural, &mut perm[start..], lay.vals_per_word);
+            count += 1;
+        }
+        PreparedX {
+            perm,
+            group_sums,
+            rows: count,
+        }
+    }
+}
+
+fn to_block_order(src: &[f32], dst: &mut [f32], vals_per_word: usize) {
+    let block = 8 * vals_per_word;
+    for (s, d) in src.chunks(block).zip(dst.chunks_mut(block)) {
+        let lanes = s.len() / vals_per_word;
+        for j in 0..lanes {
+            for v in 0..vals_per_word {
+                d[v * lanes + j] = s[j * vals_per_word + v];
+            }
+        }
+    }
+}
+
+/// Fills `dst` (`[n][m]`, transposed) with the activated outputs.
+fn project_rows<T: Element>(px: &PreparedX, gate: &QView<T>, up: &QView<T>, dst: &mut [T]) {
+    let lay = gate.lay;
+    let (m, k) = (px.rows, lay.k);
+    let avx = simd::has_avx2_fma();
+    let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
+        for (i, outs) in chunk.chunks_mut(m).enumerate() {
+            let (g_row, u_row) = (gate.row(first + i), up.row(first + i));
+            if m == 1 {
+                let (g, u) = qdot2(&g_row, &u_row, &px.perm, &px.group_sums, &lay, avx);
+                outs[0] = swiglu(g, u);
+            } else {
+                // Several x rows: unpack this weight row once, reuse it per x row.
+                dequant(&g_row, &lay, &mut bufs.0, avx);
+                dequant(&u_row, &lay, &mut bufs.1, avx);
+                for (o, xr) in outs.iter_mut().zip(px.perm.chunks_exact(k)) {
+                    let (g, u) = simd::dot2(xr, &bufs.0, &bufs.1);
+                    *o = swiglu(g, u);
+                }
+            }
+        }
+    };
+    let new_bufs = || {
+        let len = if m > 1 { k } else { 0 };
+        (vec![0.0f32; len], vec![0.0f32; len])
+    };
+    if m.saturating_mul(lay.n).saturating_mul(k) > PAR_MIN_MACS {
+        dst.par_chunks_mut(TILE_N * m)
+            .enumerate()
+            .for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs));
+    } else {
+        let mut bufs = new_bufs();
+        for (c, chunk) in dst.chunks_mut(TILE_N * m).enumerate() {
+            tile(c * TILE_N, chunk, &mut bufs);
+        }
+    }
+}
+
+/// Writes transposed `tmp` (`[n][m]`) into rows `dst_row(r)` of `out` (`[.., n]`).
+fn scatter_rows<T: Element>(
+    tmp: &[T],
+    out: &mut [T],
+    m: usize,
+    n: usize,
+    dst_row: impl Fn(usize) -> usize,
+) {
+    for (j, col) in tmp.chunks_exact(m).enumerate() {
+        for (r, &v) in col.iter().enumerate() {
+            out[dst_row(r) * n + j] = v;
+        }
+    }
+}
+
+/// MLX's unfused rounding: g, u, sigmoid(g), g*sigmoid(g) and the product
+/// each land in T.
+fn swiglu<T: Element>(g: f32, u: f32) -> T {
+    let g = T::from_f32(g).to_f32();
+    let u = T::from_f32(u).to_f32();
+    let sig = T::from_f32(1.0 / (1.0 + (-g).exp())).to_f32();
+    let silu = T::from_f32(g * sig).to_f32();
+    T::from_f32(silu * u)
+}
+
+/// Gate and up dot products of one weight row each with the prepared x row.
+fn qdot2<T: Element>(
+    g: &QRow<T>,
+    u: &QRow<T>,
+    xp: &[f32],
+    sums: &[f32],
+    lay: &Layout,
+    avx: bool,
+) -> (f32, f32) {
+    let (dg, du) = qdot2_scaled(g, u, xp, lay, avx);
+    (
+        dg + bias_term(g.biases, sums),
+        du + bias_term(u.biases, sums),
+    )
+}
+
+fn qdot2_scaled<T: Element>(
+    g: &QRow<T>,
+    u: &QRow<T>,
+    xp: &[f32],
+    lay: &Layout,
+    avx: bool,
+) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: `avx` comes from runtime detection of AVX2 and FMA.
+        return unsafe {
+            if lay.bits == 4 {
+                x86::qdot2::<T, 4>(g, u, xp, lay)
+            } else {
+                x86::qdot2::<T, 8>(g, u, xp, lay)
+            }
+        };
+    }
+    let _ = avx;
+    (qdot_scalar(g, xp, lay, 0), qdot_scalar(u, xp, lay, 0))
+}
+
+fn bias_term<T: Element>(biases: &[T], sums: &[f32]) -> f32 {
+    biases.iter().zip(sums).map(|(b, s)| b.to_f32() * s).sum()
+}
+
+/// `Σ scale * (x·q)` over the blocks from `first_block` on (no bias).
+fn qdot_scalar<T: Element>(row: &QRow<T>, xp: &[f32], lay: &Layout, first_block: usize) -> f32 {
+    let (vpw, mask, bits) = (lay.vals_per_word, lay.mask(), lay.bits as usize);
+    let words = &row.w[first_block * 8..];
+    let xs = &xp[first_block * 8 * vpw..];
+    let mut acc = 0.0f32;
+    for (b, (wb, xb)) in words.chunks(8).zip(xs.chunks(8 * vpw)).enumerate() {
+        let lanes = wb.len();
+        for (j, &word) in wb.iter().enumerate() {
+            let mut d = 0.0f32;
+            for v in 0..vpw {
+                d += xb[v * lanes + j] * ((word >> (bits * v)) & mask) as f32;
+            }
+            let group = lay.group_of_word((first_block + b) * 8 + j);
+            acc += row.scales[group].to_f32() * d;
+        }
+    }
+    acc
+}
+
+/// Dequantizes one weight row to f32 in block order.
+fn dequant<T: Element>(row: &QRow<T>, lay: &Layout, dst: &mut [f32], avx: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: `avx` comes from runtime detection of AVX2 and FMA.
+        return unsafe {
+            if lay.bits == 4 {
+                x86::dequant::<T, 4>(row, lay, dst)
+            } else {
+                x86::dequant::<T, 8>(row, lay, dst)
+            }
+        };
+    }
+    let _ = avx;
+    dequant_scalar(row, lay, 0, dst);
+}
+
+fn dequant_scalar<T: Element>(row: &QRow<T>, lay: &Layout, first_block: usize, dst: &mut [f32]) {
+    let (vpw, mask, bits) = (lay.vals_per_word, lay.mask(), lay.bits as usize);
+    let words = &row.w[first_block * 8..];
+    let out = &mut dst[first_block * 8 * vpw..];
+    for (b, (wb, ob)) in words.chunks(8).zip(out.chunks_mut(8 * vpw)).enumerate() {
+        let lanes = wb.len();
+        for (j, &word) in wb.iter().enumerate() {
+            let group = lay.group_of_word((first_block + b) * 8 + j);
+            let (s, z) = (row.scales[group].to_f32(), row.biases[group].to_f32());
+            for v in 0..vpw {
+                ob[v * lanes + j] = s * ((word >> (bits * v)) & mask) as f32 + z;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{dequant_scalar, qdot_scalar, Layout, QRow};
+    use crate::kernels::cpu::simd::{avx2::hsum, Element};
+    use std::arch::x86_64::*;
+
+    /// Per-lane group parameter for block `b`: a block of 8 words spans at
+    /// most two groups (4-bit, group 32), split between lanes 3 and 4.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn lane_params<T: Element>(params: &[T], lay: &Layout, b: usize) -> __m256 {
+        let (g0, g1) = (lay.group_of_word(b * 8), lay.group_of_word(b * 8 + 7));
+        let lo = params[g0].to_f32();
+        if g0 == g1 {
+            _mm256_set1_ps(lo)
+        } else {
+            _mm256_setr_m128(_mm_set1_ps(lo), _mm_set1_ps(params[g1].to_f32()))
+        }
+    }
+
+    /// Unpacked value `v` of each of the 8 words, as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn unpack<const BITS: u32>(w: __m256i, v: usize) -> __m256 {
+        let shift = _mm256_set1_epi32((BITS as usize * v) as i32);
+        let mask = _mm256_set1_epi32(((1u32 << BITS) - 1) as i32);
+        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, shift), mask))
+    }
+
+    /// # Safety
+    /// Needs AVX2+FMA; `xp` must hold `lay.k` values and rows `lay.words_per_row` words.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn qdot2<T: Element, const BITS: u32>(
+        g: &QRow<T>,
+        u: &QRow<T>,
+        xp: &[f32],
+        lay: &Layout,
+    ) -> (f32, f32) {
+        let vpw = (32 / BITS) as usize;
+        let full = lay.words_per_row / 8;
+        assert!(g.w.len() >= full * 8 && u.w.len() >= full * 8 && xp.len() >= full * 8 * vpw);
+        let (mut acc_g, mut acc_u) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for b in 0..full {
+            // SAFETY: the assert above bounds every block's loads.
+            let (wg, wu, xb) = unsafe {
+                (
+                    _mm256_loadu_si256(g.w.as_ptr().add(b * 8).cast()),
+                    _mm256_loadu_si256(u.w.as_ptr().add(b * 8).cast()),
+                    xp.as_ptr().add(b * 8 * vpw),
+                )
+            };
+            // Two partial sums per projection hide FMA latency.
+            let mut pg = [_mm256_setzero_ps(); 2];
+            let mut pu = [_mm256_setzero_ps(); 2];
+            for v in 0..vpw {
+                // SAFETY: v < vpw keeps the load inside this block of xp.
+                let x = unsafe { _mm256_loadu_ps(xb.add(8 * v)) };
+                pg[v & 1] = _mm256_fmadd_ps(unpack::<BITS>(wg, v), x, pg[v & 1]);
+                pu[v & 1] = _mm256_fmadd_ps(unpack::<BITS>(wu, v), x, pu[v & 1]);
+            }
+            let sg = lane_params(g.scales, lay, b);
+            let su = lane_params(u.scales, lay, b);
+            acc_g = _mm256_fmadd_ps(_mm256_add_ps(pg[0], pg[1]), sg, acc_g);
+            acc_u = _mm256_fmadd_ps(_mm256_add_ps(pu[0], pu[1]), su, acc_u);
+        }
+        (
+            hsum(acc_g) + qdot_scalar(g, xp, lay, full),
+            hsum(acc_u) + qdot_scalar(u, xp, lay, full),
+        )
+    }
+
+    /// # Safety
+    /// Needs AVX2+FMA; `dst` must hold `lay.k` values and the row `lay.words_per_row` words.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dequant<T: Element, const BITS: u32>(
+        row: &QRow<T>,
+        lay: &Layout,
+        dst: &mut [f32],
+    ) {
+        let vpw = (32 / BITS) as usize;
+        let full = lay.words_per_row / 8;
+        assert!(row.w.len() >= full * 8 && dst.len() >= full * 8 * vpw);
+        for b in 0..full {
+            // SAFETY: the assert above bounds the load.
+            let w = unsafe { _mm256_loadu_si256(row.w.as_ptr().add(b * 8).cast()) };
+            let s = lane_params(row.scales, lay, b);
+            let z = lane_params(row.biases, lay, b);
+            for v in 0..vpw {
+                let val = _mm256_fmadd_ps(unpack::<BITS>(w, v), s, z);
+                // SAFETY: the assert above bounds the store.
+                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((b * vpw + v) * 8), val) };
+            }
+        }
+        dequant_scalar(row, lay, full, dst);
+    }
+}
+
+/// Entry point from C++ (dense `GateQmvSiluMulPrimitive`); all arrays dense.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gate_qmv_silu_mul_cpu(
+    dtype: i32,
+    x: &[u8],
+    gate_w: &[u32],
+    gate_scales: &[u8],
+    gate_biases: &[u8],
+    up_w: &[u32],
+    up_scales: &[u8],
+    up_biases: &[u8],
+    bits: u32,
+    group_size: usize,
+    out: &mut [u8],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> bool {
+    run_entry(Kernel::GateQmvSiluMul, || {
+        with_float!(FloatKind::from_code(dtype)?, T => {
+            let gate = QuantMatrix::<T> {
+                w: gate_w,
+                scales: typed(gate_scales)?,
+                biases: typed(gate_biases)?,
+                bits,
+                group_size,
+            };
+            let up = QuantMatrix::<T> {
+                w: up_w,
+                scales: typed(up_scales)?,
+                biases: typed(up_biases)?,
+                bits,
+                group_size,
+            };
+            gate_qmv_silu_mul(typed(x)?, gate, up, typed_mut(out)?, m, n, k)
+        })
+    })
+}
+
+/// Entry point from C++ (expert-indexed `GateQmvSiluMulPrimitive`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_gate_qmv_silu_mul_cpu(
+    dtype: i32,
+    x: &[u8],
+    x_row_for: &[u32],
+    experts: &[u32],
+    gate_w: &[u32],
+    gate_scales: &[u8],
+    gate_biases: &[u8],
+    up_w: &[u32],
+    up_scales: &[u8],
+    up_biases: &[u8],
+    bits: u32,
+    group_size: usize,
+    num_experts: usize,
+    out: &mut [u8],
+    n: usize,
+    k: usize,
+) -> bool {
+    run_entry(Kernel::GateQmvSiluMul, || {
+        with_float!(FloatKind::from_code(dtype)?, T => {
+            let gate = QuantExperts::<T> {
+                w: gate_w,
+                scales: typed(gate_scales)?,
+                biases: typed(gate_biases)?,
+                bits,
+                group_size,
+                num_experts,
+            };
+            let up = QuantExperts::<T> {
+                w: up_w,
+                scales: typed(up_scales)?,
+                biases: typed(up_biases)?,
+                bits,
+                group_size,
+                num_experts,
+            };
+            gather_gate_qmv_silu_mul(typed(x)?, x_row_for, experts, gate, up, typed_mut(out)?, n, k)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::simd::test_util::{tol_eps, Rng};
+    use half::{bf16, f16};
+
+    /// Owned quantized weights for `mats` stacked `[n, k]` matrices.
+    struct Owned<T> {
+        w: Vec<u32>,
+        scales: Vec<T>,
+        biases: Vec<T>,
+        bits: u32,
+        group_size: usize,
+    }
+
+    impl<T: Element> Owned<T> {
+        fn random(
+            rng: &mut Rng,
+            mats: usize,
+            n: usize,
+            k: usize,
+            bits: u32,
+            group_size: usize,
+        ) -> Self {
+            let words = mats * n * k * bits as usize / 32;
+            let groups = mats * n * k / group_size;
+            let max_q = ((1u32 << bits) - 1) as f32;
+            Owned {
+                w: (0..words).map(|_| rng.next_u32()).collect(),
+                scales: rng.elems(groups, 0.3 / max_q),
+                biases: rng.elems(groups, 0.15),
+                bits,
+                group_size,
+            }
+        }
+        fn matrix(&self) -> QuantMatrix<'_, T> {
+            QuantMatrix {
+                w: &self.w,
+                scales: &self.scales,
+                biases: &self.biases,
+                bits: self.bits,
+                group_size: self.group_size,
+            }
+        }
+        fn experts(&self, num_experts: usize) -> QuantExperts<'_, T> {
+            QuantExperts {
+                w: &self.w,
+                scales: &self.scales,
+                biases: &self.biases,
+                bits: self.bits,
+                group_size: self.group_size,
+                num_experts,
+            }
+        }
+        /// Dequantized `W[e, n, k]` straight from the documented formula.
+        fn weight(&self, e: usize, row: usize, col: usize, n: usize, k: usize) -> f64 {
+            let bits = self.bits as usize;
+            let r = e * n + row;
+            let word = self.w[r * k * bits / 32 + col * bits / 32];
+            let q = (word >> (bits * (col % (32 / bits)))) & ((1 << bits) - 1);
+            let gi = r * (k / self.group_size) + col / self.group_size;
+            self.scales[gi].to_f32() as f64 * q as f64 + self.biases[gi].to_f32() as f64
+        }
+    }
+
+    /// f64 dot products, then MLX's op-by-op rounding to T.
+    fn reference<T: Element>(
+        x: &[T],
+        gate: &Owned<T>,
+        up: &Owned<T>,
+        e: usize,
+        row: usize,
+        n: usize,
+        k: usize,
+    ) -> f32 {
+        let (mut g, mut u) = (0.0f64, 0.0f64);
+        for (c, xv) in x[..k].iter().enumerate() {
+            let xv = xv.to_f32() as f64;
+            g += xv * gate.weight(e, row, c, n, k);
+            u += xv * up.weight(e, row, c, n, k);
+        }
+        let g = T::from_f32(g as f32).to_f32() as f64;
+        let u = T::from_f32(u as f32).to_f32() as f64;
+        let sig = T::from_f32((1.0 / (1.0 + (-g).exp())) as f32).to_f32() as f64;
+        let silu = T::from_f32((g * sig) as f32).to_f32() as f64;
+        T::from_f32((silu * u) as f32).to_f32()
+    }
+
+    fn assert_close(got: &[f32], want: &[f32], eps: f32, what: &str) {
+        // Cancellation in g or u makes relative error meaningless near zero;
+        // judge absolute error against the typical output size.
+        let typical = want.iter().map(|v| v.abs()).sum::<f32>() / want.len() as f32;
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let tol = 4.0 * eps * w.abs() + 2e-3 * typical.max(eps);
+            assert!(
+                (g - w).abs() <= tol,
+                "{what}: index {i}: got {g}, want {w} (typical {typical})"
+            );
+        }
+    }
+
+    fn dense_case<T: Element>(
+        rng: &mut Rng,
+        m: usize,
+        n: usize,
+        k: usize,
+        bits: u32,
+        group: usize,
+    ) {
+        let gate = Owned::<T>::random(rng, 1, n, k, bits, group);
+        let up = Owned::<T>::random(rng, 1, n, k, bits, group);
+        let x: Vec<T> = rng.elems(m * k, 1.0);
+        let mut out = vec![T::from_f32(f32::NAN); m * n];
+        gate_qmv_silu_mul(&x, gate.matrix(), up.matrix(), &mut out, m, n, k).unwrap();
+        let got: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
+        let want: Vec<f32> = (0..m * n)
+            .map(|i| reference(&x[(i / n) * k..][..k], &gate, &up, 0, i % n, n, k))
+            .collect();
+        assert_close(
+            &got,
+            &want,
+            tol_eps::<T>(),
+            &format!("m={m} n={n} k={k} bits={bits} g={group}"),
+        );
+    }
+
+    fn dense_all<T: Element>() {
+        let mut rng = Rng::new(0x9a7e_0001);
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for m in [1, 5] {
+                    dense_case::<T>(&mut rng, m, 37, 256, bits, group);
+                }
+            }
+            // k = 96 leaves a short final block for 4-bit, group 32.
+            dense_case::<T>(&mut rng, 1, 19, 96, bits, 32);
+            dense_case::<T>(&mut rng, 3, 19, 96, bits, 32);
+        }
+        // Large enough to take the rayon path, both branches.
+        dense_case::<T>(&mut rng, 1, 1100, 1024, 4, 64);
+        dense_case::<T>(&mut rng, 5, 300, 1024, 8, 128);
+    }
+
+    #[test]
+    fn dense_f32() {
+        dense_all::<f32>();
+    }
+
+    #[test]
+    fn dense_f16() {
+        dense_all::<f16>();
+    }
+
+    #[test]
+    fn dense_bf16() {
+        dense_all::<bf16>();
+    }
+
+    #[test]
+    fn scalar_and_simd_paths_agree() {
+        let mut rng = Rng::new(77);
+        for (bits, group, k) in [(4, 32, 96), (4, 64, 256), (8, 128, 256)] {
+            let lay = Layout::shared(bits, group, bits, group, 1, k).unwrap();
+            let g = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
+            let u = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
+            let x: Vec<f32> = rng.elems(k, 1.0);
+            let px = PreparedX::new(std::iter::once(&x[..]), &lay);
+            let gv = QView::new("g", &g.w, &g.scales, &g.biases, lay, 1).unwrap();
+            let uv = QView::new("u", &u.w, &u.scales, &u.biases, lay, 1).unwrap();
+            let (gr, ur) = (gv.row(0), uv.row(0));
+            let fast = qdot2(
+                &gr,
+                &ur,
+                &px.perm,
+                &px.group_sums,
+                &lay,
+                simd::has_avx2_fma(),
+            );
+            let slow = qdot2(&gr, &ur, &px.perm, &px.group_sums, &lay, false);
+            assert!(
+                (fast.0 - slow.0).abs() < 1e-4 && (fast.1 - slow.1).abs() < 1e-4,
+                "{fast:?} vs {slow:?}"
+            );
+            let (mut a, mut b) = (vec![0.0; k], vec![0.0; k]);
+            dequant(&gr, &lay, &mut a, simd::has_avx2_fma());
+            dequant(&gr, &lay, &mut b, false);
+            assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6));
+        }
+    }
+
+    fn gather_case<T: Element>(rng: &mut Rng, bits: u32, group: usize) {
+        let (e_count, n, k, x_rows) = (4, 29, 128, 3);
+        let gate = Owned::<T>::random(rng, e_count, n, k, bits, group);
+        let up = Owned::<T>::random(rng, e_count, n, k, bits, group);
+        let x: Vec<T> = rng.elems(x_rows * k, 1.0);
+        let x_row_for = [0u32, 0, 1, 2, 2, 1, 0];
+        let experts = [3u32, 1, 1, 0, 3, 2, 1];
+        let mut out = vec![T::from_f32(f32::NAN); experts.len() * n];
+        gather_gate_qmv_silu_mul(
+            &x,
+            &x_row_for,
+            &experts,
+            gate.experts(e_count),
+            up.experts(e_count),
+            &mut out,
+            n,
+            k,
+        )
+        .unwrap();
+        let got: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
+        let want: Vec<f32> = (0..got.len())
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                let xr = &x[x_row_for[r] as usize * k..][..k];
+                reference(xr, &gate, &up, experts[r] as usize, c, n, k)
+            })
+            .collect();
+        assert_close(
+            &got,
+            &want,
+            tol_eps::<T>(),
+            &format!("gather bits={bits} g={group}"),
+        );
+    }
+
+    #[test]
+    fn gather_matches_reference() {
+        let mut rng = Rng::new(0x6a7e);
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                gather_case::<f32>(&mut rng, bits, group);
+                gather_case::<bf16>(&mut rng, bits, group);
+                gather_case::<f16>(&mut rng, bits, group);
+            }
+        }
+    }
+
+    #[test]
+    fn gather_rejects_bad_indices() {
+        let mut rng = Rng::new(5);
+        let (e_count, n, k) = (2, 8, 64);
+        let gate = Owned::<f32>::random(&mut rng, e_count, n, k, 4, 32);
+        let up = Owned::<f32>::random(&mut rng, e_count, n, k, 4, 32);
+        let x: Vec<f32> = rng.elems(2 * k, 1.0);
+        let mut out = vec![0.0f32; 2 * n];
+        let run = |xr: &[u32], ex: &[u32], out: &mut [f32]| {
+            gather_gate_qmv_silu_mul(
+                &x,
+                xr,
+                ex,
+                gate.experts(e_count),
+                up.experts(e_count),
+                out,
+                n,
+                k,
+            )
+        };
+        assert!(run(&[0, 1], &[1, 0], &mut out).is_ok());
+        assert!(matches!(
+            run(&[0, 1], &[1, 2], &mut out),
+            Err(KernelError::IndexOutOfRange(_))
+        ));
+        assert!(matches!(
+            run(&[0, 2], &[1, 0], &mut out),
+            Err(KernelError::IndexOutOfRange(_))
+        ));
+        assert!(run(&[0], &[1, 0], &mut out).is_err());
+        assert!(run(&[0, 1], &[1, 0], &mut out[1..]).is_err());
+        let short = QuantExperts {
+            w: &gate.w[1..],
+            ..gate.experts(e_count)
+        };
+        assert!(gather_gate_qmv_silu_mul(
+            &x,
+            &[0],
+            &[0],
+            short,
+            up.experts(e_count),
+            &mut out[..n],
+            n,
+            k
+        )
+        .is_err());
+        let too_many = gate.experts(e_count + 1);
+        assert!(gather_gate_qmv_silu_mul(
+            &x,
+            &[0],
+            &[0],
+            too_many,
+            up.experts(e_count),
+            &mut out[..n],
+            n,
+            k
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn dense_rejects_bad_arguments() {
+        let mut rng = Rng::new(9);
+        let (n, k) = (4, 128);
+        let q = Owned::<f32>::random(&mut rng, 1, n, k, 4, 64);
+        let x: Vec<f32> = rng.elems(k, 1.0);
+        let mut out = vec![0.0f32; n];
+        assert!(gate_qmv_silu_mul(&x, q.matrix(), q.matrix(), &mut out, 1, n, k).is_ok());
+        assert!(gate_qmv_silu_mul(&x[1..], q.matrix(), q.matrix(), &mut out, 1, n, k).is_err());
+        assert!(gate_qmv_silu_mul(&x, q.matrix(), q.matrix(), &mut out[1..], 1, n, k).is_err());
+        let bad_bits = QuantMatrix {
+            bits: 3,
+            ..q.matrix()
+        };
+        assert!(matches!(
+            gate_qmv_silu_mul(&x, bad_bits, bad_bits, &mut out, 1, n, k),
+            Err(KernelError::Unsupported(_))
+        ));
+        let bad_group = QuantMatrix {
+            group_size: 48,
+            ..q.matrix()
+        };
+        assert!(gate_qmv_silu_mul(&x, bad_group, bad_group, &mut out, 1, n, k).is_err());
+        let mixed = QuantMatrix {
+            group_size: 32,
+            scales: &q.scales,
+            ..q.matrix()
+        };
+        assert!(gate_qmv_silu_mul(&x, q.matrix(), mixed, &mut out, 1, n, k).is_err());
+        let short_scales = QuantMatrix {
+            scales: &q.scales[1..],
+            ..q.matrix()
+        };
+        assert!(gate_qmv_silu_mul(&x, short_scales, q.matrix(), &mut out, 1, n, k).is_err());
+        // k not a multiple of the group size.
+        assert!(gate_qmv_silu_mul(&x[..96], q.matrix(), q.matrix(), &mut out, 1, n, 96).is_err());
+    }
+
+    /// `cargo test --release -- --ignored --nocapture bench_gate_qmv`
+    #[test]
+    #[ignore]
+    fn bench_gate_qmv() {
+        let threads: usize = std::env::var("BENCH_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut rng = Rng::new(1);
+        for (n, k, group) in [(1536, 576, 32), (14336, 4096, 64)] {
+            let gate = Owned::<f32>::random(&mut rng, 1, n, k, 4, group);
+            let up = Owned::<f32>::random(&mut rng, 1, n, k, 4, group);
+            let x: Vec<f32> = rng.elems(k, 1.0);
+            let mut out = vec![0.0f32; n];
+            let run = |out: &mut [f32]| {
+                gate_qmv_silu_mul(&x, gate.matrix(), up.matrix(), out, 1, n, k).unwrap()
+            };
+            pool.install(|| run(&mut out));
+            let iters = (2_000_000_000 / (n * k)).clamp(3, 2000);
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                pool.install(|| run(&mut out));
+            }
+            let secs = t.elapsed().as_secs_f64() / iters as f64;
+            let packed = (gate.w.len() + up.w.len()) * 4;
+            let params = (gate.scales.len() + gate.biases.len()) * 2 * 4;
+            println!(
+                "{k}->{n} g{group} 4-bit, {threads} thread(s): {:.1} us, packed {:.2} GB/s, packed+scales/biases(f32) {:.2} GB/s",
+                secs * 1e6,
+                packed as f64 / secs / 1e9,
+                (packed + params) as f64 / secs / 1e9
+            );
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! gate-QMV-SiLU-mul: the SwiGLU input projection on MLX affine-quantized
+//! weights, `out = silu(x·Wgᵀ) ⊙ (x·Wuᵀ)`, both projections in one pass over x.
+//!
+//! Contract: `x [..., K]` float; `gate` and `up` are [`Quantized`] matrices
+//! `[N, K·bits/32]` (dense form) or expert stacks `[E, N, K·bits/32]`
+//! (expert-indexed form) sharing one `bits` (2, 3, 4, 5, 6 or 8) and
+//! `group_size` (32, 64 or 128, dividing K); scales and biases are
+//! `[..., N, K/group_size]`. Dense: `[..., K] → [..., N]`. Expert-indexed
+//! (mlx-lm's SwitchGLU): integer `indices [..., top_k]` with x's leading
+//! dims give `[..., top_k, N]`. Rounding follows the unfused graph
+//! (each projection, the sigmoid, silu and the product round to x's dtype).
+//!
+//! Eligibility for the CPU kernel: a CPU stream; x, scales and biases of one
+//! dtype (f16/bf16/f32); 4 or 8 bits. Other valid quantizations (e.g.
+//! 3-bit) build the fallback: `quantized_matmul` (dense) or `gather_qmm`
+//! with `rhs_indices` (expert-indexed), then `silu(g) * u`.
+
+pub(crate) mod cpu;
+
+use super::registry::{FallbackReason, Kernel};
+use super::{build, on_cpu, QuantSpec, WarmupSpec};
+use crate::array::{list, Array};
+use crate::dtype::Dtype;
+use crate::error::OpError;
+use crate::ffi;
+use crate::ops::{stream, Quantized};
+
+/// On by default: see README.md, "Kernels", for the benchmark.
+pub(crate) const DEFAULT_ENABLED: bool = true;
+
+fn eligibility(x: &Array, gate: &Quantized, up: &Quantized) -> Result<(), FallbackReason> {
+    if !on_cpu() {
+        return Err(FallbackReason::NoKernelForDevice);
+    }
+    let dt = x.dtype();
+    let params = [&gate.scales, &gate.biases, &up.scales, &up.biases];
+    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        || params.iter().any(|a| a.dtype() != dt)
+    {
+        return Err(FallbackReason::UnsupportedDtype);
+    }
+    if !matches!(gate.bits, 4 | 8) {
+        return Err(FallbackReason::UnsupportedQuantization);
+    }
+    Ok(())
+}
+
+fn check_shared_params(gate: &Quantized, up: &Quantized) -> Result<(), OpError> {
+    if (gate.bits, gate.group_size) != (up.bits, up.group_size) {
+        return Err(OpError::new(
+            "gate_qmv_silu_mul",
+            format!(
+                "gate ({} bits, group {}) and up ({} bits, group {}) must share quantization parameters",
+                gate.bits, gate.group_size, up.bits, up.group_size
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn parts(q: &Quantized) -> cxx::UniquePtr<ffi::ArrayList> {
+    list(&[&q.weight, &q.scales, &q.biases])
+}
+
+/// Dense form: `silu(x·gateᵀ) ⊙ (x·upᵀ)`, `[..., K] → [..., N]`.
+pub fn gate_qmv_silu_mul(x: &Array, gate: &Quantized, up: &Quantized) -> Result<Array, OpError> {
+    check_shared_params(gate, up)?;
+    build(Kernel::GateQmvSiluMul, eligibility(x, gate, up), |fused| {
+        ffi::kernel_gate_qmv_silu_mul(
+            x.inner(),
+            &parts(gate),
+            &parts(up),
+            gate.group_size,
+            gate.bits,
+            fused,
+            stream(),
+        )
+        .map(Array::from_raw)
+        .map_err(OpError::from_cxx("gate_qmv_silu_mul"))
+    })
+}
+
+/// Expert-indexed form: row `[..., j]` of the output uses expert
+/// `indices[..., j]`; `x [..., K]`, `indices [..., top_k]` → `[..., top_k, N]`.
+pub fn gather_gate_qmv_silu_mul(
+    x: &Array,
+    indices: &Array,
+    gate: &Quantized,
+    up: &Quantized,
+) -> Result<Array, OpError> {
+    check_shared_params(gate, up)?;
+    build(Kernel::GateQmvSiluMul, eligibility(x, gate, up), |fused| {
+        ffi::kernel_gather_gate_qmv_silu_mul(
+            x.inner(),
+            indices.inner(),
+            &parts(gate),
+            &parts(up),
+            gate.group_size,
+            gate.bits,
+            fused,
+            stream(),
+        )
+        .map(Array::from_raw)
+        .map_err(OpError::from_cxx("gather_gate_qmv_silu_mul"))
+    })
+}
+
+/// Warmup inputs: decode-shaped dense projections `K → N` (and the expert
+/// form when `experts` is given as `(E, top_k)`).
+pub(crate) fn warmup_specs(
+    k: i32,
+    n: i32,
+    quant: QuantSpec,
+    experts: Option<(i32, i32)>,
+    dtypes: &[Dtype],
+) -> Vec<WarmupSpec> {
+    let mut specs = Vec::new();
+    for &dtype in dtypes {
+        specs.push(WarmupSpec {
+            kernel: Kernel::GateQmvSiluMul,
+            dtype,
+            shape: vec![1, k, n],
+            quant: Some(quant),
+        });
+        if let Some((e, top_k)) = experts {
+            specs.push(WarmupSpec {
+                kernel: Kernel::GateQmvSiluMul,
+                dtype,
+                shape: vec![1, k, n, e, top_k],
+                quant: Some(quant),
+            });
+        }
+    }
+    specs
+}
+
+/// Shapes: `[rows, K, N]` dense, `[rows, K, N, E, top_k]` expert-indexed.
+pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, OpError> {
+    let quant = spec.quant.unwrap_or(QuantSpec {
+        bits: 4,
+        group_size: 64,
+    });
+    let (rows, k, n) = (spec.shape[0], spec.shape[1], spec.shape[2]);
+    let normal = |shape: &[i32], scale: f32| {
+        crate::ops::random::normal(shape, spec.dtype, 0.0, scale, Some(key))
+    };
+    let x = normal(&[rows, k], 1.0)?;
+    let quantized = |lead: &[i32]| -> Result<Quantized, OpError> {
+        let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
+        crate::ops::quantize(&normal(&shape, 0.05)?, quant.group_size, quant.bits)
+    };
+    if let [_, _, _, e, top_k] = spec.shape[..] {
+        let (gate, up) = (quantized(&[e])?, quantized(&[e])?);
+        let indices = Array::arange(0.0, (rows * top_k) as f64, 1.0, Dtype::U32)?
+            .reshape(&[rows, top_k])?
+            .remainder(&Array::scalar(e as u32))?;
+        Ok(vec![gather_gate_qmv_silu_mul(&x, &indices, &gate, &up)?])
+    } else {
+        let (gate, up) = (quantized(&[])?, quantized(&[])?);
+        Ok(vec![gate_qmv_silu_mul(&x, &gate, &up)?])
+    }
+}

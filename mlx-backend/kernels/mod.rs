@@ -1,0 +1,187 @@
+//! This crate's custom MLX Primitives, each with a CPU kernel in Rust and
+//! MLX's own ops as the fallback graph:
+//!
+//! * [`rms_norm()`] / [`rms_norm_residual()`]: RMSNorm, optionally fused with the residual add;
+//! * [`moe_combine()`]: the weighted sum of the top-k expert outputs;
+//! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection.
+//!
+//! Every op checks its contract (an [`OpError`] names what is wrong), then
+//! asks the [`registry`] whether to build the fused Primitive or the
+//! fallback; the decision and its reason are counted. On a GPU stream the
+//! fallback is used until the GPU kernels exist.
+
+mod cpu;
+pub mod gate_qmv_silu_mul;
+pub mod moe_combine;
+pub mod registry;
+pub mod rms_norm;
+
+pub use gate_qmv_silu_mul::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul};
+pub use moe_combine::moe_combine;
+pub use registry::{FallbackReason, Kernel, KernelStats, Snapshot};
+pub use rms_norm::{rms_norm, rms_norm_residual};
+
+use crate::array::{eval, Array};
+use crate::device::current_spec;
+use crate::dtype::Dtype;
+use crate::error::{EvalError, OpError};
+use thiserror::Error;
+
+/// Whether ops are being built on a CPU stream.
+fn on_cpu() -> bool {
+    current_spec().device.device_type == 0
+}
+
+/// Decides fused or fallback, builds the op, and counts the decision once
+/// the build succeeded (an invalid call counts nothing).
+fn build<R>(
+    kernel: Kernel,
+    eligibility: Result<(), FallbackReason>,
+    make: impl FnOnce(bool) -> Result<R, OpError>,
+) -> Result<R, OpError> {
+    let decision = registry::decide(kernel, eligibility);
+    let out = make(decision.is_ok())?;
+    registry::count(kernel, decision);
+    Ok(out)
+}
+
+/// Quantization parameters of a warmup spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantSpec {
+    pub bits: i32,
+    pub group_size: i32,
+}
+
+/// One warmup run: a kernel, a dtype and a shape (per kernel: `[rows,
+/// hidden]` for rms_norm, `[tokens, top_k, hidden]` for moe_combine,
+/// `[rows, K, N]` or `[rows, K, N, E, top_k]` for gate_qmv_silu_mul).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmupSpec {
+    pub kernel: Kernel,
+    pub dtype: Dtype,
+    pub shape: Vec<i32>,
+    pub quant: Option<QuantSpec>,
+}
+
+/// The mixture-of-experts part of [`ModelDims`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeDims {
+    pub num_experts: i32,
+    pub top_k: i32,
+    /// Each expert's intermediate size.
+    pub intermediate_size: i32,
+}
+
+/// The dimensions of a model, for [`warmup_for_model`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelDims {
+    pub hidden_size: i32,
+    pub intermediate_size: i32,
+    pub dtype: Dtype,
+    /// The MLP's quantization; `None` for unquantized models.
+    pub quant: Option<QuantSpec>,
+    pub moe: Option<MoeDims>,
+}
+
+/// What a warmup did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WarmupReport {
+    /// Specs evaluated.
+    pub ran: usize,
+    /// Specs skipped because their kernel is disabled or failed earlier.
+    pub skipped: usize,
+}
+
+/// A warmup run failed.
+#[derive(Debug, Clone, Error)]
+pub enum WarmupError {
+    #[error("warmup of {kernel}: {source}")]
+    Op { kernel: Kernel, source: OpError },
+    #[error("warmup of {kernel}: {source}")]
+    Eval { kernel: Kernel, source: EvalError },
+}
+
+const WARMUP_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
+
+/// Each kernel's default warmup specs (dtypes × typical small-model shapes).
+pub fn warmup_specs(kernel: Kernel) -> Vec<WarmupSpec> {
+    match kernel {
+        Kernel::RmsNorm => rms_norm::warmup_specs(&[576, 4096], &WARMUP_DTYPES),
+        Kernel::MoeCombine => moe_combine::warmup_specs(&[2048], 4, &WARMUP_DTYPES),
+        Kernel::GateQmvSiluMul => gate_qmv_silu_mul::warmup_specs(
+            576,
+            1536,
+            QuantSpec {
+                bits: 4,
+                group_size: 32,
+            },
+            Some((8, 2)),
+            &WARMUP_DTYPES,
+        ),
+    }
+}
+
+/// Runs every enabled kernel on its default warmup specs.
+pub fn warmup() -> Result<WarmupReport, WarmupError> {
+    let specs: Vec<WarmupSpec> = Kernel::ALL.into_iter().flat_map(warmup_specs).collect();
+    warmup_with(&specs)
+}
+
+/// Runs every enabled kernel on the shapes and dtype of one model.
+pub fn warmup_for_model(dims: &ModelDims) -> Result<WarmupReport, WarmupError> {
+    let dtypes = [dims.dtype];
+    let mut specs = rms_norm::warmup_specs(&[dims.hidden_size], &dtypes);
+    if let Some(q) = dims.quant {
+        specs.extend(gate_qmv_silu_mul::warmup_specs(
+            dims.hidden_size,
+            dims.intermediate_size,
+            q,
+            None,
+            &dtypes,
+        ));
+    }
+    if let Some(moe) = dims.moe {
+        specs.extend(moe_combine::warmup_specs(
+            &[dims.hidden_size],
+            moe.top_k,
+            &dtypes,
+        ));
+        if let Some(q) = dims.quant {
+            specs.extend(gate_qmv_silu_mul::warmup_specs(
+                dims.hidden_size,
+                moe.intermediate_size,
+                q,
+                Some((moe.num_experts, moe.top_k)),
+                &dtypes,
+            ));
+        }
+    }
+    warmup_with(&specs)
+}
+
+/// Runs the given specs (those of enabled, not-failed kernels), surfacing
+/// the first failure.
+pub fn warmup_with(specs: &[WarmupSpec]) -> Result<WarmupReport, WarmupError> {
+    let key = crate::ops::random::key(0x5eed).map_err(|source| WarmupError::Op {
+        kernel: Kernel::RmsNorm,
+        source,
+    })?;
+    let mut report = WarmupReport::default();
+    for spec in specs {
+        let kernel = spec.kernel;
+        if !registry::is_enabled(kernel) || registry::has_failed(kernel) {
+            report.skipped += 1;
+            continue;
+        }
+        let outputs = match kernel {
+            Kernel::RmsNorm => rms_norm::run_warmup(spec, &key),
+            Kernel::MoeCombine => moe_combine::run_warmup(spec, &key),
+            Kernel::GateQmvSiluMul => gate_qmv_silu_mul::run_warmup(spec, &key),
+        }
+        .map_err(|source| WarmupError::Op { kernel, source })?;
+        let refs: Vec<&Array> = outputs.iter().collect();
+        eval(&refs).map_err(|source| WarmupError::Eval { kernel, source })?;
+        report.ran += 1;
+    }
+    Ok(report)
+}

@@ -1,0 +1,337 @@
+//! RMSNorm (optionally fused with a residual add), matching MLX rounding:
+//! `astype(x32 * rsqrt(mean(x32^2) + eps), T) * w`, the weight multiply
+//! being a T×T multiply (computed in f32, rounded to T).
+
+use rayon::prelude::*;
+
+use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::registry::Kernel;
+
+use crate::kernels::cpu::error::{check_len, KernelError};
+use crate::kernels::cpu::simd::{self, Element};
+
+/// Below this many elements threading costs more than it saves.
+const PAR_MIN_ELEMS: usize = 64 * 1024;
+
+/// `y[r,h] = T(x[r,h] * rsqrt(mean_h(x[r,:]^2) + eps)) * w[h]`, rounded to T.
+///
+/// Row `r` of `x` starts at `r * x_row_stride` and is contiguous; weight
+/// element `h` is at `h * w_stride` (0 broadcasts one value). `out` is
+/// dense `[rows, hidden]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm<T: Element>(
+    x: &[T],
+    x_row_stride: usize,
+    w: &[T],
+    w_stride: usize,
+    out: &mut [T],
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+) -> Result<(), KernelError> {
+    check_rows("x", x.len(), x_row_stride, rows, hidden)?;
+    check_len("out", out.len(), rows.checked_mul(hidden))?;
+    let w32 = weight_f32(w, w_stride, hidden)?;
+    if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    let row = |r: usize, out_row: &mut [T], buf: &mut Vec<f32>| {
+        T::load_f32(&x[r * x_row_stride..][..hidden], buf);
+        normalize_into(buf, &w32, eps, out_row);
+    };
+    if rows * hidden > PAR_MIN_ELEMS {
+        out.par_chunks_mut(hidden)
+            .enumerate()
+            .for_each_init(|| vec![0.0f32; hidden], |buf, (r, o)| row(r, o, buf));
+    } else {
+        let mut buf = vec![0.0f32; hidden];
+        for (r, o) in out.chunks_mut(hidden).enumerate() {
+            row(r, o, &mut buf);
+        }
+    }
+    Ok(())
+}
+
+/// `s = T(x + residual)` then `normed = rms_norm(s)`, one pass per row.
+///
+/// Both outputs are dense `[rows, hidden]`; the input layouts follow
+/// [`rms_norm`].
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_residual<T: Element>(
+    x: &[T],
+    x_row_stride: usize,
+    residual: &[T],
+    residual_row_stride: usize,
+    w: &[T],
+    w_stride: usize,
+    out_normed: &mut [T],
+    out_sum: &mut [T],
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+) -> Result<(), KernelError> {
+    check_rows("x", x.len(), x_row_stride, rows, hidden)?;
+    check_rows(
+        "residual",
+        residual.len(),
+        residual_row_stride,
+        rows,
+        hidden,
+    )?;
+    check_len("out_normed", out_normed.len(), rows.checked_mul(hidden))?;
+    check_len("out_sum", out_sum.len(), rows.checked_mul(hidden))?;
+    let w32 = weight_f32(w, w_stride, hidden)?;
+    if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    let row = |r: usize, normed: &mut [T], sum: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
+        let (a, b) = bufs;
+        T::load_f32(&x[r * x_row_stride..][..hidden], a);
+        T::load_f32(&residual[r * residual_row_stride..][..hidden], b);
+        simd::add_in_place(a, b);
+        // The norm sees the sum as MLX's add leaves it: rounded to T.
+        T::store_f32(a, sum);
+        T::load_f32(sum, a);
+        normalize_into(a, &w32, eps, normed);
+    };
+    let new_bufs = || (vec![0.0f32; hidden], vec![0.0f32; hidden]);
+    if rows * hidden > PAR_MIN_ELEMS {
+        out_normed
+            .par_chunks_mut(hidden)
+            .zip(out_sum.par_chunks_mut(hidden))
+            .enumerate()
+            .for_each_init(new_bufs, |bufs, (r, (n, s))| row(r, n, s, bufs));
+    } else {
+        let mut bufs = new_bufs();
+        for (r, (n, s)) in out_normed
+            .chunks_mut(hidden)
+            .zip(out_sum.chunks_mut(hidden))
+            .enumerate()
+        {
+            row(r, n, s, &mut bufs);
+        }
+    }
+    Ok(())
+}
+
+/// Normalises the f32 row in `buf` (clobbering it) and writes T results to `out`.
+fn normalize_into<T: Element>(buf: &mut [f32], w32: &[f32], eps: f32, out: &mut [T]) {
+    let mean_sq = simd::sum_squares(buf) / buf.len() as f32;
+    let inv_rms = 1.0 / (mean_sq + eps).sqrt();
+    simd::scale_in_place(buf, inv_rms);
+    // Round x*n to T before the weight multiply, as MLX does.
+    T::store_f32(buf, out);
+    T::load_f32(out, buf);
+    simd::mul_in_place(buf, w32);
+    T::store_f32(buf, out);
+}
+
+/// Gathers the (possibly strided or broadcast) weight into a dense f32 row.
+fn weight_f32<T: Element>(
+    w: &[T],
+    w_stride: usize,
+    hidden: usize,
+) -> Result<Vec<f32>, KernelError> {
+    if hidden > 0 {
+        let needed = (hidden - 1)
+            .checked_mul(w_stride)
+            .and_then(|v| v.checked_add(1));
+        match needed {
+            Some(n) if n <= w.len() => {}
+            _ => {
+                return Err(KernelError::Shape(format!(
+                    "w has {} elements, hidden {hidden} with stride {w_stride} needs more",
+                    w.len()
+                )));
+            }
+        }
+    }
+    Ok((0..hidden).map(|h| w[h * w_stride].to_f32()).collect())
+}
+
+/// Checks that `rows` rows of `hidden` elements at `stride` fit in `len`.
+pub(crate) fn check_rows(
+    name: &str,
+    len: usize,
+    stride: usize,
+    rows: usize,
+    hidden: usize,
+) -> Result<(), KernelError> {
+    if rows == 0 || hidden == 0 {
+        return Ok(());
+    }
+    let needed = (rows - 1)
+        .checked_mul(stride)
+        .and_then(|v| v.checked_add(hidden));
+    match needed {
+        Some(n) if n <= len => Ok(()),
+        _ => Err(KernelError::Shape(format!(
+            "{name} has {len} elements, {rows} rows of {hidden} at stride {stride} need more"
+        ))),
+    }
+}
+
+/// Entry point from C++ (`RmsNormPrimitive`): dense `[rows, hidden]` x,
+/// dense weight, dense out.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rms_norm_cpu(
+    dtype: i32,
+    x: &[u8],
+    w: &[u8],
+    out: &mut [u8],
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+) -> bool {
+    run_entry(Kernel::RmsNorm, || {
+        with_float!(FloatKind::from_code(dtype)?, T => rms_norm::<T>(
+            typed(x)?, hidden, typed(w)?, 1, typed_mut(out)?, rows, hidden, eps
+        ))
+    })
+}
+
+/// Entry point from C++ (`RmsNormResidualPrimitive`); all arrays dense.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rms_norm_residual_cpu(
+    dtype: i32,
+    x: &[u8],
+    residual: &[u8],
+    w: &[u8],
+    normed: &mut [u8],
+    sum: &mut [u8],
+    rows: usize,
+    hidden: usize,
+    eps: f32,
+) -> bool {
+    run_entry(Kernel::RmsNorm, || {
+        with_float!(FloatKind::from_code(dtype)?, T => rms_norm_residual::<T>(
+            typed(x)?,
+            hidden,
+            typed(residual)?,
+            hidden,
+            typed(w)?,
+            1,
+            typed_mut(normed)?,
+            typed_mut(sum)?,
+            rows,
+            hidden,
+            eps,
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::simd::test_util::{tol_eps, Rng};
+    use half::{bf16, f16};
+
+    fn reference<T: Element>(x: &[T], w: &[T], eps: f32) -> Vec<f32> {
+        let hidden = x.len();
+        let ms = x.iter().map(|v| (v.to_f32() as f64).powi(2)).sum::<f64>() / hidden as f64;
+        let n = 1.0 / (ms + eps as f64).sqrt();
+        x.iter()
+            .zip(w)
+            .map(|(v, w)| {
+                let t = T::from_f32((v.to_f32() as f64 * n) as f32).to_f32() as f64;
+                T::from_f32((t * w.to_f32() as f64) as f32).to_f32()
+            })
+            .collect()
+    }
+
+    fn assert_close<T: Element>(got: &[T], want: &[f32], what: &str) {
+        let tol = 3.0 * tol_eps::<T>();
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let g = g.to_f32();
+            assert!(
+                (g - w).abs() <= tol * w.abs() + 1e-6,
+                "{what}: index {i}: got {g}, want {w}"
+            );
+        }
+    }
+
+    fn case<T: Element>(rows: usize, hidden: usize, w_stride: usize, rng: &mut Rng) {
+        let x_stride = hidden + 7;
+        let eps = 1e-5;
+        let x: Vec<T> = rng.elems(rows * x_stride, 2.0);
+        let w: Vec<T> = rng.elems((hidden.max(1) - 1) * w_stride + 1, 1.5);
+        let w_dense: Vec<T> = (0..hidden).map(|h| w[h * w_stride]).collect();
+        let mut out = vec![T::from_f32(f32::NAN); rows * hidden];
+        rms_norm(&x, x_stride, &w, w_stride, &mut out, rows, hidden, eps).unwrap();
+        for r in 0..rows {
+            let want = reference(&x[r * x_stride..][..hidden], &w_dense, eps);
+            assert_close(&out[r * hidden..][..hidden], &want, "rms_norm");
+        }
+
+        let res: Vec<T> = rng.elems(rows * hidden, 2.0);
+        let mut normed = vec![T::from_f32(f32::NAN); rows * hidden];
+        let mut sum = vec![T::from_f32(f32::NAN); rows * hidden];
+        rms_norm_residual(
+            &x,
+            x_stride,
+            &res,
+            hidden,
+            &w,
+            w_stride,
+            &mut normed,
+            &mut sum,
+            rows,
+            hidden,
+            eps,
+        )
+        .unwrap();
+        for r in 0..rows {
+            let s: Vec<T> = (0..hidden)
+                .map(|h| T::from_f32(x[r * x_stride + h].to_f32() + res[r * hidden + h].to_f32()))
+                .collect();
+            for (g, w) in sum[r * hidden..][..hidden].iter().zip(&s) {
+                assert_eq!(g.to_f32().to_bits(), w.to_f32().to_bits(), "residual sum");
+            }
+            let want = reference(&s, &w_dense, eps);
+            assert_close(&normed[r * hidden..][..hidden], &want, "rms_norm_residual");
+        }
+    }
+
+    fn all_cases<T: Element>() {
+        let mut rng = Rng::new(0x5eed_1234);
+        for hidden in [111, 500, 1024, 3072] {
+            for rows in [1, 19] {
+                for w_stride in [0, 1, 3] {
+                    case::<T>(rows, hidden, w_stride, &mut rng);
+                }
+            }
+        }
+        // Large enough to take the rayon path.
+        case::<T>(40, 2048, 1, &mut rng);
+    }
+
+    #[test]
+    fn matches_reference_f32() {
+        all_cases::<f32>();
+    }
+
+    #[test]
+    fn matches_reference_f16() {
+        all_cases::<f16>();
+    }
+
+    #[test]
+    fn matches_reference_bf16() {
+        all_cases::<bf16>();
+    }
+
+    #[test]
+    fn rejects_bad_lengths() {
+        let x = vec![1.0f32; 10];
+        let w = vec![1.0f32; 4];
+        let mut out = vec![0.0f32; 8];
+        assert!(rms_norm(&x, 4, &w, 1, &mut out, 2, 4, 1e-5).is_ok());
+        assert!(rms_norm(&x, 8, &w, 1, &mut out, 2, 4, 1e-5).is_err());
+        assert!(rms_norm(&x, 4, &w, 2, &mut out, 2, 4, 1e-5).is_err());
+        assert!(rms_norm(&x, 4, &w, 1, &mut out[..7], 2, 4, 1e-5).is_err());
+        let mut sum = vec![0.0f32; 8];
+        assert!(
+            rms_norm_residual(&x, 4, &x[..5], 4, &w, 1, &mut out, &mut sum, 2, 4, 1e-5).is_err()
+        );
+    }
+}

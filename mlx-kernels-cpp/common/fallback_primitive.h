@@ -1,0 +1,73 @@
+// The shared base of this crate's custom Primitives, modelled on MLX's
+// fast::Custom (which libmlx does not export): the Primitive stores its
+// fallback graph as a function and derives vjp, jvp and vmap from it, so
+// gradients and vectorisation equal those of the unfused MLX ops.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "rust/cxx.h"
+
+namespace mlx_backend {
+
+using Fallback =
+    std::function<std::vector<mlx::core::array>(std::vector<mlx::core::array>)>;
+
+class FallbackPrimitive : public mlx::core::Primitive {
+ public:
+  FallbackPrimitive(mlx::core::Stream stream, Fallback fallback)
+      : mlx::core::Primitive(stream), fallback_(std::move(fallback)) {}
+
+  // Never reached: a GPU stream is ineligible and builds the fallback graph.
+  void eval_gpu(
+      const std::vector<mlx::core::array>&,
+      std::vector<mlx::core::array>&) override {
+    throw std::runtime_error(std::string(name()) + " has no GPU kernel yet");
+  }
+
+  std::vector<mlx::core::array> vjp(
+      const std::vector<mlx::core::array>& primals,
+      const std::vector<mlx::core::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mlx::core::array>& outputs) override;
+
+  std::vector<mlx::core::array> jvp(
+      const std::vector<mlx::core::array>& primals,
+      const std::vector<mlx::core::array>& tangents,
+      const std::vector<int>& argnums) override;
+
+  std::pair<std::vector<mlx::core::array>, std::vector<int>> vmap(
+      const std::vector<mlx::core::array>& inputs,
+      const std::vector<int>& axes) override;
+
+ protected:
+  Fallback fallback_;
+};
+
+// Allocates an output buffer before a kernel writes it.
+void allocate(mlx::core::array& out);
+
+// The bytes of a (row-contiguous) array, for the Rust kernels.
+rust::Slice<const uint8_t> bytes_of(const mlx::core::array& a);
+rust::Slice<uint8_t> bytes_of_mut(mlx::core::array& a);
+
+// Fills a float output with NaN: what a failed kernel leaves behind.
+void poison(mlx::core::array& out);
+
+// Rejects a non-row-contiguous input at eval time. The op functions feed
+// every input through mlx::core::contiguous, so this never fires; it guards
+// against a strided array ever being read as if dense.
+void require_row_contiguous(const mlx::core::array& a, const char* what);
+
+bool is_float(mlx::core::Dtype t);
+
+} // namespace mlx_backend

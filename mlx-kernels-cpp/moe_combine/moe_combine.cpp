@@ -1,0 +1,93 @@
+#include "moe_combine/moe_combine.h"
+
+#include "mlx-backend/mlx-backend/ffi.rs.h"
+
+namespace mx = mlx::core;
+
+namespace mlx_backend {
+
+namespace {
+
+std::string shape_str(const mx::Shape& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(s[i]);
+  }
+  return out + ")";
+}
+
+mx::Shape combined_shape(const array& y) {
+  auto shape = y.shape();
+  shape.erase(shape.end() - 2);
+  return shape;
+}
+
+void check_contract(const array& y, const array& scores) {
+  if (y.ndim() < 3) {
+    throw std::invalid_argument(
+        "moe_combine: y must have rank >= 3 ([..., top_k, hidden]), got shape " +
+        shape_str(y.shape()));
+  }
+  auto expected = y.shape();
+  expected.pop_back();
+  if (scores.shape() != expected) {
+    throw std::invalid_argument(
+        "moe_combine: scores must have shape y.shape[:-1] = " + shape_str(expected) + ", got " +
+        shape_str(scores.shape()));
+  }
+  if (!is_float(y.dtype()) || !is_float(scores.dtype())) {
+    throw std::invalid_argument("moe_combine: y and scores must be float16, bfloat16 or float32");
+  }
+}
+
+} // namespace
+
+void MoeCombinePrimitive::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
+  const auto& y = inputs[0];
+  const auto& scores = inputs[1];
+  auto& out = outputs[0];
+  require_row_contiguous(y, "moe_combine y");
+  require_row_contiguous(scores, "moe_combine scores");
+  allocate(out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(y);
+  enc.set_input_array(scores);
+  enc.set_output_array(out);
+  size_t hidden = y.shape(-1);
+  size_t top_k = y.shape(-2);
+  size_t rows = top_k * hidden == 0 ? 0 : y.size() / (top_k * hidden);
+  enc.dispatch([y, scores, out, rows, top_k, hidden]() mutable {
+    if (!moe_combine_cpu(
+            static_cast<int32_t>(y.dtype().val()), static_cast<int32_t>(scores.dtype().val()),
+            bytes_of(y), bytes_of(scores), bytes_of_mut(out), rows, top_k, hidden)) {
+      poison(out);
+    }
+  });
+}
+
+std::vector<mx::Shape> MoeCombinePrimitive::output_shapes(const std::vector<array>& inputs) {
+  return {combined_shape(inputs[0])};
+}
+
+array moe_combine_op(const array& y, const array& scores, bool fused, mx::Stream s) {
+  check_contract(y, scores);
+  Fallback fallback = [s](std::vector<array> in) {
+    auto out_dtype = in[0].dtype();
+    auto y32 = mx::astype(in[0], mx::float32, s);
+    auto s32 = mx::expand_dims(mx::astype(in[1], mx::float32, s), -1, s);
+    auto sum = mx::sum(mx::multiply(y32, s32, s), -2, false, s);
+    return std::vector<array>{mx::astype(sum, out_dtype, s)};
+  };
+  if (!fused) {
+    return fallback({y, scores})[0];
+  }
+  std::vector<array> inputs{mx::contiguous(y, false, s), mx::contiguous(scores, false, s)};
+  return array(
+      combined_shape(y), y.dtype(), std::make_shared<MoeCombinePrimitive>(s, fallback), inputs);
+}
+
+ArrayPtr kernel_moe_combine(const array& y, const array& scores, bool fused, StreamSpec s) {
+  return wrap(moe_combine_op(y, scores, fused, to_stream(s)));
+}
+
+} // namespace mlx_backend

@@ -1,0 +1,160 @@
+#include "rms_norm/rms_norm.h"
+
+#include "mlx-backend/mlx-backend/ffi.rs.h"
+
+namespace mx = mlx::core;
+
+namespace mlx_backend {
+
+namespace {
+
+void check_contract(const array& x, const array& w, const char* op) {
+  if (x.ndim() < 1) {
+    throw std::invalid_argument(std::string(op) + ": x must have rank >= 1, got a scalar");
+  }
+  if (!is_float(x.dtype()) || !is_float(w.dtype())) {
+    throw std::invalid_argument(std::string(op) + ": x and weight must be float16, bfloat16 or float32");
+  }
+  if (w.ndim() != 1 || w.shape(0) != x.shape(-1)) {
+    throw std::invalid_argument(
+        std::string(op) + ": weight must have shape [" + std::to_string(x.shape(-1)) +
+        "] (the last axis of x), got " + std::to_string(w.ndim()) + "-d of length " +
+        std::to_string(w.ndim() ? w.shape(-1) : 1));
+  }
+}
+
+size_t rows_of(const array& x) {
+  return x.size() / static_cast<size_t>(x.shape(-1));
+}
+
+} // namespace
+
+void RmsNormPrimitive::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  auto& out = outputs[0];
+  require_row_contiguous(x, "rms_norm x");
+  require_row_contiguous(w, "rms_norm weight");
+  allocate(out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  size_t hidden = x.shape(-1);
+  size_t rows = rows_of(x);
+  enc.dispatch([x, w, out, rows, hidden, eps = eps_]() mutable {
+    if (!rms_norm_cpu(
+            static_cast<int32_t>(x.dtype().val()), bytes_of(x), bytes_of(w), bytes_of_mut(out),
+            rows, hidden, eps)) {
+      poison(out);
+    }
+  });
+}
+
+bool RmsNormPrimitive::is_equivalent(const mx::Primitive& other) const {
+  auto o = dynamic_cast<const RmsNormPrimitive*>(&other);
+  return o && o->eps_ == eps_;
+}
+
+std::vector<mx::Shape> RmsNormPrimitive::output_shapes(const std::vector<array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+void RmsNormResidualPrimitive::eval_cpu(
+    const std::vector<array>& inputs,
+    std::vector<array>& outputs) {
+  const auto& x = inputs[0];
+  const auto& r = inputs[1];
+  const auto& w = inputs[2];
+  require_row_contiguous(x, "rms_norm_residual x");
+  require_row_contiguous(r, "rms_norm_residual residual");
+  require_row_contiguous(w, "rms_norm_residual weight");
+  auto& normed = outputs[0];
+  auto& sum = outputs[1];
+  allocate(normed);
+  allocate(sum);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(r);
+  enc.set_input_array(w);
+  enc.set_output_array(normed);
+  enc.set_output_array(sum);
+  size_t hidden = x.shape(-1);
+  size_t rows = rows_of(x);
+  enc.dispatch([x, r, w, normed, sum, rows, hidden, eps = eps_]() mutable {
+    if (!rms_norm_residual_cpu(
+            static_cast<int32_t>(x.dtype().val()), bytes_of(x), bytes_of(r), bytes_of(w),
+            bytes_of_mut(normed), bytes_of_mut(sum), rows, hidden, eps)) {
+      poison(normed);
+      poison(sum);
+    }
+  });
+}
+
+bool RmsNormResidualPrimitive::is_equivalent(const mx::Primitive& other) const {
+  auto o = dynamic_cast<const RmsNormResidualPrimitive*>(&other);
+  return o && o->eps_ == eps_;
+}
+
+std::vector<mx::Shape> RmsNormResidualPrimitive::output_shapes(const std::vector<array>& inputs) {
+  return {inputs[0].shape(), inputs[0].shape()};
+}
+
+array rms_norm_op(const array& x, const array& w, float eps, bool fused, mx::Stream s) {
+  check_contract(x, w, "rms_norm");
+  Fallback fallback = [eps, s](std::vector<array> in) {
+    return std::vector<array>{mx::fast::rms_norm(in[0], in[1], eps, s)};
+  };
+  if (!fused) {
+    return fallback({x, w})[0];
+  }
+  // Inputs go through contiguous(): free for dense arrays, a copy for views.
+  std::vector<array> inputs{mx::contiguous(x, false, s), mx::contiguous(w, false, s)};
+  return array(
+      x.shape(), x.dtype(), std::make_shared<RmsNormPrimitive>(s, fallback, eps), inputs);
+}
+
+std::vector<array> rms_norm_residual_op(
+    const array& x,
+    const array& residual,
+    const array& w,
+    float eps,
+    bool fused,
+    mx::Stream s) {
+  check_contract(x, w, "rms_norm_residual");
+  if (residual.shape() != x.shape()) {
+    throw std::invalid_argument("rms_norm_residual: residual must have the shape of x");
+  }
+  Fallback fallback = [eps, s](std::vector<array> in) {
+    auto sum = mx::add(in[0], in[1], s);
+    return std::vector<array>{mx::fast::rms_norm(sum, in[2], eps, s), sum};
+  };
+  if (!fused) {
+    return fallback({x, residual, w});
+  }
+  std::vector<array> inputs{
+      mx::contiguous(x, false, s), mx::contiguous(residual, false, s), mx::contiguous(w, false, s)};
+  return array::make_arrays(
+      {x.shape(), x.shape()},
+      {x.dtype(), x.dtype()},
+      std::make_shared<RmsNormResidualPrimitive>(s, fallback, eps),
+      inputs);
+}
+
+ArrayPtr kernel_rms_norm(const array& x, const array& w, float eps, bool fused, StreamSpec s) {
+  return wrap(rms_norm_op(x, w, eps, fused, to_stream(s)));
+}
+
+std::unique_ptr<ArrayList> kernel_rms_norm_residual(
+    const array& x,
+    const array& residual,
+    const array& w,
+    float eps,
+    bool fused,
+    StreamSpec s) {
+  auto out = std::make_unique<ArrayList>();
+  out->items = rms_norm_residual_op(x, residual, w, eps, fused, to_stream(s));
+  return out;
+}
+
+} // namespace mlx_backend
