@@ -766,3 +766,55 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         }
     }
 }
+
+#[test]
+fn info_and_metrics_report_the_model_kernels_and_counts() {
+    let mut r = runner(13);
+    let info = r.info();
+    assert_eq!(info.architecture, "llama");
+    assert_eq!(info.vocab_size, common::tiny::VOCAB as usize);
+    assert_eq!(info.eos_token_ids, vec![2]);
+    assert_eq!(info.max_context, 512);
+    assert_eq!(
+        info.kv_capacity_tokens,
+        RunnerConfig::default().kv_budget_tokens
+    );
+    assert!(
+        info.fused_kernels.iter().any(|k| k == "rms_norm"),
+        "{:?}",
+        info.fused_kernels
+    );
+    let before = r
+        .metrics()
+        .kernels
+        .get(mlx_backend::kernels::Kernel::RmsNorm)
+        .fused;
+    let p = tokens(4, 9);
+    let t = r
+        .forward(&ForwardBatch::new(
+            ForwardMode::Extend,
+            vec![RequestInput::prompt(1, p.clone(), SamplingParams::greedy())],
+        ))
+        .unwrap()
+        .outputs[0]
+        .next_token
+        .unwrap();
+    r.forward(&ForwardBatch::new(
+        ForwardMode::Decode,
+        vec![RequestInput::decode(
+            1,
+            t,
+            p.len(),
+            SamplingParams::greedy(),
+        )],
+    ))
+    .unwrap();
+    let m = r.metrics();
+    assert_eq!(
+        (m.forwards, m.tokens_prefilled, m.tokens_decoded),
+        (2, 9, 1)
+    );
+    assert_eq!((m.active_requests, m.cached_tokens), (1, 10));
+    assert!(m.kernels.get(mlx_backend::kernels::Kernel::RmsNorm).fused > before);
+    assert!(m.forward_time >= m.last_forward_time);
+}

@@ -111,14 +111,17 @@ impl KernelStats {
 }
 
 /// A snapshot of every kernel's counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     pub kernels: Vec<(Kernel, KernelStats)>,
 }
 
 impl Snapshot {
     pub fn get(&self, kernel: Kernel) -> KernelStats {
-        self.kernels[kernel.index()].1
+        self.kernels
+            .iter()
+            .find(|(k, _)| *k == kernel)
+            .map_or_else(KernelStats::default, |(_, s)| *s)
     }
 }
 

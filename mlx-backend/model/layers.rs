@@ -463,6 +463,16 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// `(group_size, bits)` of the gate projection when it is quantized.
+    pub fn quantization(&self) -> Option<(i32, i32)> {
+        match &self.gate_proj {
+            Linear::Quantized { q, .. } => Some((q.group_size, q.bits)),
+            Linear::Dense { .. } => None,
+        }
+    }
+}
+
+impl Mlp {
     pub fn load(
         w: &Weights,
         prefix: &str,

@@ -228,6 +228,26 @@ impl Transformer {
         Ok(out.astype(crate::Dtype::F32)?)
     }
 
+    /// The shapes and dtype the fused kernels see, for `kernels::warmup_for_model`.
+    pub fn kernel_dims(&self) -> crate::kernels::ModelDims {
+        let c = &self.config;
+        let quant = self.layers.iter().find_map(|l| match &l.feed_forward {
+            FeedForward::Dense(m) => m.quantization(),
+            FeedForward::Sparse(_) => None,
+        });
+        crate::kernels::ModelDims {
+            hidden_size: c.hidden_size as i32,
+            intermediate_size: c.intermediate_size as i32,
+            dtype: self.dtype(),
+            quant: quant.map(|(group_size, bits)| crate::kernels::QuantSpec { bits, group_size }),
+            moe: c.moe.as_ref().map(|m| crate::kernels::MoeDims {
+                num_experts: m.num_experts as i32,
+                top_k: m.num_experts_per_tok as i32,
+                intermediate_size: m.moe_intermediate_size as i32,
+            }),
+        }
+    }
+
     /// Fresh caches, one per layer.
     pub fn new_caches(&self, step: i32) -> Vec<LayerKvCache> {
         (0..self.layers.len())

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct RunnerMetrics {
     pub forwards: u64,
     pub tokens_prefilled: u64,
@@ -17,4 +17,6 @@ pub struct RunnerMetrics {
     pub cached_tokens: usize,
     /// Released caches waiting for reuse.
     pub pooled_caches: usize,
+    /// Fused calls and fallbacks (by reason) of every kernel, process-wide.
+    pub kernels: crate::kernels::Snapshot,
 }

@@ -29,6 +29,9 @@ pub struct RunnerConfig {
     pub pool_limit: usize,
     /// SGLang's stale cleanup: a Decode batch releases running requests it omits.
     pub release_missing_on_decode: bool,
+    /// Run the fused kernels once on the model's shapes at load, so a kernel
+    /// that cannot run is found (and remembered as failed) before serving.
+    pub warmup_kernels: bool,
 }
 
 impl Default for RunnerConfig {
@@ -39,6 +42,7 @@ impl Default for RunnerConfig {
             kv_step: 256,
             pool_limit: 64,
             release_missing_on_decode: false,
+            warmup_kernels: true,
         }
     }
 }
@@ -80,7 +84,15 @@ impl MlxModelRunner {
         config: RunnerConfig,
     ) -> Result<MlxModelRunner, RunnerError> {
         let loaded = model::load(path, options)?;
-        Ok(MlxModelRunner::new(loaded.model, config))
+        let warmup = config.warmup_kernels;
+        let runner = MlxModelRunner::new(loaded.model, config);
+        if warmup {
+            // A failing kernel is remembered and falls back; serving goes on.
+            if let Err(e) = crate::kernels::warmup_for_model(&runner.model.kernel_dims()) {
+                eprintln!("mlx-backend: kernel warmup: {e}");
+            }
+        }
+        Ok(runner)
     }
 
     pub fn model(&self) -> &Transformer {
@@ -351,6 +363,20 @@ impl MlxModelRunner {
     }
 }
 
+/// Kernels that run fused on this thread's device (none on a GPU stream
+/// until the GPU kernels land).
+fn fused_kernels() -> Vec<String> {
+    use crate::kernels::{registry, Kernel};
+    if crate::Stream::current().device() != crate::Device::Cpu {
+        return Vec::new();
+    }
+    Kernel::ALL
+        .into_iter()
+        .filter(|&k| registry::is_enabled(k) && !registry::has_failed(k))
+        .map(|k| k.name().to_string())
+        .collect()
+}
+
 fn host(e: crate::HostDataError) -> RunnerError {
     RunnerError::Op(crate::OpError::new("runner", e.to_string()))
 }
@@ -375,7 +401,7 @@ impl ModelRunner for MlxModelRunner {
             kv_capacity_tokens: self.kv.budget_tokens,
             dtype: self.model.dtype(),
             device: crate::Stream::current().device(),
-            fused_kernels: Vec::new(),
+            fused_kernels: fused_kernels(),
         }
     }
 
@@ -435,6 +461,7 @@ impl ModelRunner for MlxModelRunner {
             active_requests: self.kv.active(),
             cached_tokens: self.kv.cached_tokens(),
             pooled_caches: self.kv.pooled(),
+            kernels: crate::kernels::registry::snapshot(),
             ..self.metrics.clone()
         }
     }

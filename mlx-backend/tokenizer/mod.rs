@@ -307,3 +307,24 @@ impl Tokenizer {
         &self.inner.tk
     }
 }
+
+/// The tokenizer and chat template that come with a model: from a GGUF
+/// file's metadata, or from `tokenizer.json` / `tokenizer_config.json` in an
+/// HF-style folder. The template is None when the model ships none.
+pub fn for_model(
+    path: impl AsRef<Path>,
+) -> Result<(Tokenizer, Option<ChatTemplate>), TokenizerError> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
+        let template = ChatTemplate::from_tokenizer_config(path.join("tokenizer_config.json")).ok();
+        return Ok((tokenizer, template));
+    }
+    let gguf = GgufFile::load(path).map_err(|e| TokenizerError::Invalid {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let tokenizer = Tokenizer::from_gguf(&gguf)?;
+    let template = ChatTemplate::from_gguf(&gguf).ok();
+    Ok((tokenizer, template))
+}
