@@ -1,0 +1,238 @@
+//! SGLang's bench_one_batch on this backend, side by side with its peers.
+//!
+//! Prefill tokens/s at the given input lengths, decode tokens/s at the given
+//! batch sizes (from the median step latency), peak memory; then the same
+//! workloads through mlx-lm and llama.cpp (benches/peers/bench_peers.py, run
+//! with the cached venvs of scripts/oracle-venv.sh and
+//! scripts/llama-cpp-venv.sh when they exist) on the same GGUF, printed with
+//! ratios.
+//!
+//! ```sh
+//! cargo run --release --example bench_one_batch -- --prefill 32,256,1024 --decode-batch 1,4,16
+//! ```
+
+use mlx_backend::model::{fetch, LoadOptions};
+use mlx_backend::runner::{
+    ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig, SamplingParams,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+struct Args {
+    model: Option<String>,
+    prefill: Vec<usize>,
+    decode_batch: Vec<usize>,
+    decode_steps: usize,
+    repeats: usize,
+    threads: usize,
+    peers: bool,
+}
+
+fn list(v: &str) -> Vec<usize> {
+    v.split(',').filter_map(|x| x.trim().parse().ok()).collect()
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        model: None,
+        prefill: vec![32, 256, 1024],
+        decode_batch: vec![1, 4, 16],
+        decode_steps: 16,
+        repeats: 3,
+        threads: 2,
+        peers: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => a.model = Some(value()),
+            "--prefill" => a.prefill = list(&value()),
+            "--decode-batch" => a.decode_batch = list(&value()),
+            "--decode-steps" => a.decode_steps = value().parse().expect("a number"),
+            "--repeats" => a.repeats = value().parse().expect("a number"),
+            "--threads" => a.threads = value().parse().expect("a number"),
+            "--no-peers" => a.peers = false,
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+/// The same pseudo-random ids for every engine run by this binary.
+fn random_ids(seed: u64, n: usize) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(6364136223846793005) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (3 + s % 48997) as u32
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[derive(Default)]
+struct Results {
+    prefill: Vec<(usize, f64)>,
+    decode: Vec<(usize, f64)>,
+    peak_memory: f64,
+}
+
+fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
+    let mut r = Results::default();
+    let mut next_id = 0u64;
+    let mut id = || {
+        next_id += 1;
+        next_id
+    };
+    mlx_backend::memory::reset_peak_memory();
+    for &n in &a.prefill {
+        let mut samples = Vec::new();
+        for rep in 0..=a.repeats {
+            let rid = id();
+            let req = RequestInput::prompt(rid, random_ids(n as u64 + rep as u64, n), SamplingParams::greedy());
+            let t = Instant::now();
+            runner.forward(&ForwardBatch::new(ForwardMode::Extend, vec![req])).expect("prefill");
+            if rep > 0 {
+                samples.push(t.elapsed().as_secs_f64());
+            }
+            runner.release(&[rid]);
+        }
+        let s = median(samples);
+        eprintln!("ours prefill {n}: {:.3} s ({:.1} tok/s)", s, n as f64 / s);
+        r.prefill.push((n, n as f64 / s));
+    }
+    for &b in &a.decode_batch {
+        let ids: Vec<u64> = (0..b).map(|_| id()).collect();
+        let reqs = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &rid)| RequestInput::prompt(rid, random_ids(1000 + i as u64, 32), SamplingParams::greedy()))
+            .collect();
+        let out = runner.forward(&ForwardBatch::new(ForwardMode::Extend, reqs)).expect("prefill");
+        let mut last: Vec<u32> = out.outputs.iter().map(|o| o.next_token.expect("sampled")).collect();
+        let mut samples = Vec::new();
+        for step in 0..a.decode_steps + 1 {
+            let reqs = ids
+                .iter()
+                .zip(&last)
+                .map(|(&rid, &t)| RequestInput::decode(rid, t, 32 + step, SamplingParams::greedy()))
+                .collect();
+            let t = Instant::now();
+            let out = runner.forward(&ForwardBatch::new(ForwardMode::Decode, reqs)).expect("decode");
+            if step > 0 {
+                samples.push(t.elapsed().as_secs_f64());
+            }
+            last = out.outputs.iter().map(|o| o.next_token.expect("sampled")).collect();
+        }
+        runner.release(&ids);
+        let s = median(samples);
+        eprintln!("ours decode batch {b}: {:.2} ms/step ({:.1} tok/s)", s * 1e3, b as f64 / s);
+        r.decode.push((b, b as f64 / s));
+    }
+    r.peak_memory = mlx_backend::memory::peak_memory() as f64;
+    r
+}
+
+fn venv_python(name: &str) -> Option<PathBuf> {
+    let p = fetch::cache_dir().join(name).join("bin/python");
+    p.is_file().then_some(p)
+}
+
+fn bench_peer(engine: &str, python: &Path, gguf: &Path, a: &Args) -> Option<Results> {
+    let join = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/bench_peers.py");
+    eprintln!("running {engine} ...");
+    let out = Command::new(python)
+        .arg(script)
+        .args(["--engine", engine, "--gguf"])
+        .arg(gguf)
+        .args(["--prefill", &join(&a.prefill), "--decode-batch", &join(&a.decode_batch)])
+        .args(["--decode-steps", &a.decode_steps.to_string(), "--repeats", &a.repeats.to_string()])
+        .args(["--threads", &a.threads.to_string()])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("{engine} failed; left out");
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let rows = |key: &str, size: &str| -> Vec<(usize, f64)> {
+        v[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| (r[size].as_u64().unwrap_or(0) as usize, r["tok_per_s"].as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Some(Results {
+        prefill: rows("prefill", "tokens"),
+        decode: rows("decode", "batch"),
+        peak_memory: v["peak_memory_bytes"].as_f64().unwrap_or(0.0),
+    })
+}
+
+fn main() {
+    let a = parse_args();
+    let path = fetch::resolve(a.model.as_deref()).expect("model");
+    // Two cores: rayon (our kernels) and MLX's pool must not oversubscribe.
+    let _ = rayon::ThreadPoolBuilder::new().num_threads(a.threads).build_global();
+    let mut runner = MlxModelRunner::load(&path, &LoadOptions::default(), RunnerConfig::default()).expect("load");
+    let ours = bench_ours(&mut runner, &a);
+    let mut peers: Vec<(&str, Results)> = Vec::new();
+    if a.peers && path.extension().is_some_and(|e| e == "gguf") {
+        for (engine, venv) in [("llama_cpp", "llama-cpp-venv"), ("mlx_lm", "oracle-venv")] {
+            match venv_python(venv) {
+                Some(py) => {
+                    if let Some(r) = bench_peer(engine, &py, &path, &a) {
+                        peers.push((engine, r));
+                    }
+                }
+                None => eprintln!("{engine}: no venv at {}/{venv}; run scripts/ to create it", fetch::cache_dir().display()),
+            }
+        }
+    }
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    println!("\nmodel: {}\nmachine: {} ({} cores), threads {}\n", path.display(), cpu, std::thread::available_parallelism().map_or(0, |n| n.get()), a.threads);
+    let mut header = String::from("| workload | mlx-backend |");
+    let mut rule = String::from("| --- | --- |");
+    for (name, _) in &peers {
+        header.push_str(&format!(" {name} | ratio vs {name} |"));
+        rule.push_str(" --- | --- |");
+    }
+    println!("{header}\n{rule}");
+    let row = |label: String, ours_v: f64, pick: &dyn Fn(&Results) -> Option<f64>| {
+        let mut line = format!("| {label} | {ours_v:.1} tok/s |");
+        for (_, r) in &peers {
+            match pick(r) {
+                Some(v) if v > 0.0 => line.push_str(&format!(" {v:.1} tok/s | {:.2}x |", ours_v / v)),
+                _ => line.push_str(" - | - |"),
+            }
+        }
+        println!("{line}");
+    };
+    for &(n, v) in &ours.prefill {
+        row(format!("prefill {n}"), v, &|r: &Results| r.prefill.iter().find(|x| x.0 == n).map(|x| x.1));
+    }
+    for &(b, v) in &ours.decode {
+        row(format!("decode batch {b}"), v, &|r: &Results| r.decode.iter().find(|x| x.0 == b).map(|x| x.1));
+    }
+    let mut mem = format!("| peak memory | {:.0} MB |", ours.peak_memory / 1e6);
+    for (_, r) in &peers {
+        mem.push_str(&format!(" {:.0} MB | |", r.peak_memory / 1e6));
+    }
+    println!("{mem}");
+}
