@@ -13,7 +13,8 @@
 
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
-    ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig, SamplingParams,
+    ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
+    SamplingParams,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -97,9 +98,15 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
         let mut samples = Vec::new();
         for rep in 0..=a.repeats {
             let rid = id();
-            let req = RequestInput::prompt(rid, random_ids(n as u64 + rep as u64, n), SamplingParams::greedy());
+            let req = RequestInput::prompt(
+                rid,
+                random_ids(n as u64 + rep as u64, n),
+                SamplingParams::greedy(),
+            );
             let t = Instant::now();
-            runner.forward(&ForwardBatch::new(ForwardMode::Extend, vec![req])).expect("prefill");
+            runner
+                .forward(&ForwardBatch::new(ForwardMode::Extend, vec![req]))
+                .expect("prefill");
             if rep > 0 {
                 samples.push(t.elapsed().as_secs_f64());
             }
@@ -114,10 +121,22 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
         let reqs = ids
             .iter()
             .enumerate()
-            .map(|(i, &rid)| RequestInput::prompt(rid, random_ids(1000 + i as u64, 32), SamplingParams::greedy()))
+            .map(|(i, &rid)| {
+                RequestInput::prompt(
+                    rid,
+                    random_ids(1000 + i as u64, 32),
+                    SamplingParams::greedy(),
+                )
+            })
             .collect();
-        let out = runner.forward(&ForwardBatch::new(ForwardMode::Extend, reqs)).expect("prefill");
-        let mut last: Vec<u32> = out.outputs.iter().map(|o| o.next_token.expect("sampled")).collect();
+        let out = runner
+            .forward(&ForwardBatch::new(ForwardMode::Extend, reqs))
+            .expect("prefill");
+        let mut last: Vec<u32> = out
+            .outputs
+            .iter()
+            .map(|o| o.next_token.expect("sampled"))
+            .collect();
         let mut samples = Vec::new();
         for step in 0..a.decode_steps + 1 {
             let reqs = ids
@@ -126,15 +145,25 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
                 .map(|(&rid, &t)| RequestInput::decode(rid, t, 32 + step, SamplingParams::greedy()))
                 .collect();
             let t = Instant::now();
-            let out = runner.forward(&ForwardBatch::new(ForwardMode::Decode, reqs)).expect("decode");
+            let out = runner
+                .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
+                .expect("decode");
             if step > 0 {
                 samples.push(t.elapsed().as_secs_f64());
             }
-            last = out.outputs.iter().map(|o| o.next_token.expect("sampled")).collect();
+            last = out
+                .outputs
+                .iter()
+                .map(|o| o.next_token.expect("sampled"))
+                .collect();
         }
         runner.release(&ids);
         let s = median(samples);
-        eprintln!("ours decode batch {b}: {:.2} ms/step ({:.1} tok/s)", s * 1e3, b as f64 / s);
+        eprintln!(
+            "ours decode batch {b}: {:.2} ms/step ({:.1} tok/s)",
+            s * 1e3,
+            b as f64 / s
+        );
         r.decode.push((b, b as f64 / s));
     }
     r.peak_memory = mlx_backend::memory::peak_memory() as f64;
@@ -147,15 +176,30 @@ fn venv_python(name: &str) -> Option<PathBuf> {
 }
 
 fn bench_peer(engine: &str, python: &Path, gguf: &Path, a: &Args) -> Option<Results> {
-    let join = |v: &[usize]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let join = |v: &[usize]| {
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/bench_peers.py");
     eprintln!("running {engine} ...");
     let out = Command::new(python)
         .arg(script)
         .args(["--engine", engine, "--gguf"])
         .arg(gguf)
-        .args(["--prefill", &join(&a.prefill), "--decode-batch", &join(&a.decode_batch)])
-        .args(["--decode-steps", &a.decode_steps.to_string(), "--repeats", &a.repeats.to_string()])
+        .args([
+            "--prefill",
+            &join(&a.prefill),
+            "--decode-batch",
+            &join(&a.decode_batch),
+        ])
+        .args([
+            "--decode-steps",
+            &a.decode_steps.to_string(),
+            "--repeats",
+            &a.repeats.to_string(),
+        ])
         .args(["--threads", &a.threads.to_string()])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -170,7 +214,12 @@ fn bench_peer(engine: &str, python: &Path, gguf: &Path, a: &Args) -> Option<Resu
             .as_array()
             .map(|a| {
                 a.iter()
-                    .map(|r| (r[size].as_u64().unwrap_or(0) as usize, r["tok_per_s"].as_f64().unwrap_or(0.0)))
+                    .map(|r| {
+                        (
+                            r[size].as_u64().unwrap_or(0) as usize,
+                            r["tok_per_s"].as_f64().unwrap_or(0.0),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -186,8 +235,11 @@ fn main() {
     let a = parse_args();
     let path = fetch::resolve(a.model.as_deref()).expect("model");
     // Two cores: rayon (our kernels) and MLX's pool must not oversubscribe.
-    let _ = rayon::ThreadPoolBuilder::new().num_threads(a.threads).build_global();
-    let mut runner = MlxModelRunner::load(&path, &LoadOptions::default(), RunnerConfig::default()).expect("load");
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads)
+        .build_global();
+    let mut runner = MlxModelRunner::load(&path, &LoadOptions::default(), RunnerConfig::default())
+        .expect("load");
     let ours = bench_ours(&mut runner, &a);
     let mut peers: Vec<(&str, Results)> = Vec::new();
     if a.peers && path.extension().is_some_and(|e| e == "gguf") {
@@ -198,15 +250,28 @@ fn main() {
                         peers.push((engine, r));
                     }
                 }
-                None => eprintln!("{engine}: no venv at {}/{venv}; run scripts/ to create it", fetch::cache_dir().display()),
+                None => eprintln!(
+                    "{engine}: no venv at {}/{venv}; run scripts/ to create it",
+                    fetch::cache_dir().display()
+                ),
             }
         }
     }
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
-    println!("\nmodel: {}\nmachine: {} ({} cores), threads {}\n", path.display(), cpu, std::thread::available_parallelism().map_or(0, |n| n.get()), a.threads);
+    println!(
+        "\nmodel: {}\nmachine: {} ({} cores), threads {}\n",
+        path.display(),
+        cpu,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        a.threads
+    );
     let mut header = String::from("| workload | mlx-backend |");
     let mut rule = String::from("| --- | --- |");
     for (name, _) in &peers {
@@ -218,17 +283,23 @@ fn main() {
         let mut line = format!("| {label} | {ours_v:.1} tok/s |");
         for (_, r) in &peers {
             match pick(r) {
-                Some(v) if v > 0.0 => line.push_str(&format!(" {v:.1} tok/s | {:.2}x |", ours_v / v)),
+                Some(v) if v > 0.0 => {
+                    line.push_str(&format!(" {v:.1} tok/s | {:.2}x |", ours_v / v))
+                }
                 _ => line.push_str(" - | - |"),
             }
         }
         println!("{line}");
     };
     for &(n, v) in &ours.prefill {
-        row(format!("prefill {n}"), v, &|r: &Results| r.prefill.iter().find(|x| x.0 == n).map(|x| x.1));
+        row(format!("prefill {n}"), v, &|r: &Results| {
+            r.prefill.iter().find(|x| x.0 == n).map(|x| x.1)
+        });
     }
     for &(b, v) in &ours.decode {
-        row(format!("decode batch {b}"), v, &|r: &Results| r.decode.iter().find(|x| x.0 == b).map(|x| x.1));
+        row(format!("decode batch {b}"), v, &|r: &Results| {
+            r.decode.iter().find(|x| x.0 == b).map(|x| x.1)
+        });
     }
     let mut mem = format!("| peak memory | {:.0} MB |", ours.peak_memory / 1e6);
     for (_, r) in &peers {

@@ -82,3 +82,70 @@ fn greedy_chat_matches_mlx_lm_and_llama_cpp() {
         assert_eq!(got, ids(llama), "greedy tokens differ from llama.cpp");
     }
 }
+
+/// The whole generate path: the GGUF's tokenizer and chat template, the
+/// runner, greedy decoding, detokenized text — against both oracles.
+#[test]
+fn generate_pipeline_matches_the_oracles() {
+    use mlx_backend::runner::*;
+    use mlx_backend::tokenizer::{self, ChatMessage};
+    let Some(path) = default_model_path() else {
+        eprintln!("default model not in the cache: run scripts/fetch-default-model.sh");
+        return;
+    };
+    let g = goldens();
+    let (tok, template) = tokenizer::for_model(&path).unwrap();
+    let messages: Vec<ChatMessage> = g["chat"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    let text = template
+        .expect("the GGUF has a chat template")
+        .render(&messages, true)
+        .unwrap();
+    assert_eq!(text, g["chat"]["rendered_prompt"].as_str().unwrap());
+    let prompt = tok.encode_with(&text, tok.add_bos_token(), true).unwrap();
+    assert_eq!(prompt, ids(&g["chat"]["prompt_token_ids"]));
+    let mut runner =
+        MlxModelRunner::load(&path, &Default::default(), RunnerConfig::default()).unwrap();
+    let mut out = vec![runner
+        .forward(&ForwardBatch::new(
+            ForwardMode::Extend,
+            vec![RequestInput::prompt(
+                1,
+                prompt.clone(),
+                SamplingParams::greedy(),
+            )],
+        ))
+        .unwrap()
+        .outputs[0]
+        .next_token
+        .unwrap()];
+    while !tok.is_eos(*out.last().unwrap()) && out.len() < 48 {
+        let d = RequestInput::decode(
+            1,
+            *out.last().unwrap(),
+            prompt.len() + out.len() - 1,
+            SamplingParams::greedy(),
+        );
+        out.push(
+            runner
+                .forward(&ForwardBatch::new(ForwardMode::Decode, vec![d]))
+                .unwrap()
+                .outputs[0]
+                .next_token
+                .unwrap(),
+        );
+    }
+    assert_eq!(out, ids(&g["mlx"]["greedy"]["token_ids"]));
+    assert_eq!(out, ids(&g["llama_cpp"]["greedy"]["token_ids"]));
+    let mut detok = tok.detokenizer(true);
+    let mut streamed = String::new();
+    for &t in &out {
+        streamed.push_str(&detok.push(t).unwrap().unwrap_or_default());
+    }
+    streamed.push_str(&detok.flush().unwrap().unwrap_or_default());
+    assert_eq!(streamed, g["llama_cpp"]["greedy"]["text"].as_str().unwrap());
+}

@@ -521,3 +521,41 @@ fn wrong_gguf_magic() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Quantize-on-load (group 64, 4 and 8 bits) of an unquantized checkpoint:
+/// logits stay close to the float32 model, closer with 8 bits.
+#[test]
+fn quantize_on_load_tracks_the_float_model() {
+    let dir = tiny_dir().join("llama-f32");
+    let prompt: Vec<u32> = vec![1, 17, 42, 99, 3, 250, 7];
+    let run = |quantize| {
+        let m = model::load(
+            &dir,
+            &LoadOptions {
+                dtype: None,
+                quantize,
+            },
+        )
+        .unwrap()
+        .model;
+        let mut caches = m.new_caches(64);
+        let tokens = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
+        m.forward(&tokens, &mut caches, Logits::All)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    };
+    let reference = run(None);
+    let (_, rel4) = errors(&run(Some((64, 4))), &reference);
+    let (_, rel8) = errors(&run(Some((64, 8))), &reference);
+    assert!(rel8 < 2e-2, "8-bit relative error {rel8}");
+    // Hidden 64 makes each row a single 4-bit group: coarse on random weights.
+    assert!(rel4 < 0.35, "4-bit relative error {rel4}");
+    assert!(rel8 < rel4, "8 bits ({rel8}) should beat 4 bits ({rel4})");
+    // The same weights quantized by mlx-lm (llama-q4: group 32, 4 bits).
+    let q4 = golden(&tiny_dir().join("llama-q4"));
+    let want = q4.logits.get("prompt_logits.0").unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(q4.prompts[0], prompt);
+    let (err, _) = errors(&run(Some((32, 4))), &want);
+    assert!(err < 1e-4, "quantize-on-load differs from mlx-lm's quantized model by {err}");
+}
