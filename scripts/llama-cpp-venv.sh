@@ -11,7 +11,7 @@ set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36
 
-CACHE="${MLX_BACKEND_CACHE:-$HOME/.cache/mlx-backend}"
+CACHE="${MLX_BACKEND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-backend}"
 VENV="$CACHE/llama-cpp-venv"
 STAMP="$VENV/.installed-llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION"
 PY="${PYTHON:-python3}"

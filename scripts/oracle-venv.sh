@@ -17,7 +17,7 @@ PINS=(
   "tokenizers==0.23.3"
 )
 
-CACHE="${MLX_BACKEND_CACHE:-$HOME/.cache/mlx-backend}"
+CACHE="${MLX_BACKEND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-backend}"
 VENV="$CACHE/oracle-venv"
 KEY="$(printf '%s\n' "${PINS[@]}" | sha256sum | cut -c1-16)"
 STAMP="$VENV/.installed-$KEY"

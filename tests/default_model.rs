@@ -6,12 +6,7 @@ use mlx_backend::Array;
 use std::path::PathBuf;
 
 fn default_model_path() -> Option<PathBuf> {
-    let cache = std::env::var("MLX_BACKEND_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/mlx-backend")
-        });
-    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = mlx_backend::model::fetch::default_model_path();
     p.is_file().then_some(p)
 }
 

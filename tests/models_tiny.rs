@@ -472,12 +472,7 @@ fn missing_expert_of_an_hf_moe_folder() {
 }
 
 fn default_gguf() -> Option<PathBuf> {
-    let cache = std::env::var("MLX_BACKEND_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/mlx-backend")
-        });
-    let p = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = mlx_backend::model::fetch::default_model_path();
     p.is_file().then_some(p)
 }
 
@@ -554,8 +549,16 @@ fn quantize_on_load_tracks_the_float_model() {
     assert!(rel8 < rel4, "8 bits ({rel8}) should beat 4 bits ({rel4})");
     // The same weights quantized by mlx-lm (llama-q4: group 32, 4 bits).
     let q4 = golden(&tiny_dir().join("llama-q4"));
-    let want = q4.logits.get("prompt_logits.0").unwrap().to_vec::<f32>().unwrap();
+    let want = q4
+        .logits
+        .get("prompt_logits.0")
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     assert_eq!(q4.prompts[0], prompt);
     let (err, _) = errors(&run(Some((32, 4))), &want);
-    assert!(err < 1e-4, "quantize-on-load differs from mlx-lm's quantized model by {err}");
+    assert!(
+        err < 1e-4,
+        "quantize-on-load differs from mlx-lm's quantized model by {err}"
+    );
 }

@@ -17,12 +17,7 @@ use std::path::{Path, PathBuf};
 // ---------------------------------------------------------------- helpers
 
 fn model_path() -> PathBuf {
-    let cache = std::env::var_os("MLX_BACKEND_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/mlx-backend")
-        });
-    cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    mlx_backend::model::fetch::default_model_path()
 }
 
 fn load_model() -> Option<GgufFile> {
