@@ -20,18 +20,29 @@ fn path_str(path: &Path) -> Result<&str, LoadError> {
     })
 }
 
-fn open_checked(path: &Path) -> Result<(std::fs::File, String), LoadError> {
+/// Map `path` read-only and run `check` over its bytes (it reads only what
+/// it needs, e.g. the header), so MLX's reader never sees a malformed file.
+/// Returns the path for messages.
+fn check_file(
+    path: &Path,
+    kind: &str,
+    check: impl FnOnce(&[u8]) -> Result<(), String>,
+) -> Result<String, LoadError> {
     let display = path.display().to_string();
+    let invalid = |message: String| LoadError::Invalid {
+        path: display.clone(),
+        message,
+    };
     let file = std::fs::File::open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => LoadError::NotFound {
             path: display.clone(),
         },
-        _ => LoadError::Invalid {
-            path: display.clone(),
-            message: e.to_string(),
-        },
+        _ => invalid(e.to_string()),
     })?;
-    Ok((file, display))
+    // SAFETY: the map is read-only and dropped before this function returns.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| invalid(e.to_string()))?;
+    check(&map).map_err(|e| invalid(format!("invalid {kind} file: {e}")))?;
+    Ok(display)
 }
 
 /// A loaded `.safetensors` file.
@@ -44,18 +55,11 @@ impl SafetensorsFile {
     /// Validate the header against the file (offsets, sizes, dtypes) and load it.
     pub fn load(path: impl AsRef<Path>) -> Result<SafetensorsFile, LoadError> {
         let path = path.as_ref();
-        let (file, display) = open_checked(path)?;
-        // SAFETY: the map is read-only and dropped before this function returns;
-        // only the header pages are touched.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::Invalid {
-            path: display.clone(),
-            message: e.to_string(),
+        let display = check_file(path, "safetensors", |bytes| {
+            safetensors::SafeTensors::read_metadata(bytes)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
         })?;
-        safetensors::SafeTensors::read_metadata(&map).map_err(|e| LoadError::Invalid {
-            path: display.clone(),
-            message: format!("invalid safetensors file: {e}"),
-        })?;
-        drop(map);
         let raw = ffi::load_safetensors(path_str(path)?).map_err(|e| LoadError::Invalid {
             path: display.clone(),
             message: e.what().into(),
@@ -139,17 +143,9 @@ impl GgufFile {
     /// extents) and load it through MLX's GGUF reader.
     pub fn load(path: impl AsRef<Path>) -> Result<GgufFile, LoadError> {
         let path = path.as_ref();
-        let (file, display) = open_checked(path)?;
-        // SAFETY: read-only map, dropped before returning.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoadError::Invalid {
-            path: display.clone(),
-            message: e.to_string(),
+        let display = check_file(path, "GGUF", |bytes| {
+            gguf_check::check(bytes).map_err(|e| e.to_string())
         })?;
-        gguf_check::check(&map).map_err(|e| LoadError::Invalid {
-            path: display.clone(),
-            message: format!("invalid GGUF file: {e}"),
-        })?;
-        drop(map);
         let raw = ffi::load_gguf(path_str(path)?).map_err(|e| LoadError::Invalid {
             path: display.clone(),
             message: e.what().into(),

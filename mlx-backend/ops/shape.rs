@@ -91,13 +91,8 @@ impl Array {
         stop: &[i32],
         strides: &[i32],
     ) -> Result<Array, OpError> {
-        let ones;
-        let strides = if strides.is_empty() {
-            ones = vec![1; start.len()];
-            &ones
-        } else {
-            strides
-        };
+        let ones = unit_strides(start, strides);
+        let strides = ones.as_deref().unwrap_or(strides);
         wrap(
             "slice_update",
             ffi::slice_update(self.inner(), update.inner(), start, stop, strides, stream()),
@@ -129,4 +124,9 @@ impl Array {
             ffi::slice_update_dynamic(self.inner(), update.inner(), start.inner(), axes, stream()),
         )
     }
+}
+
+/// All-ones strides when the caller gave none.
+fn unit_strides(start: &[i32], strides: &[i32]) -> Option<Vec<i32>> {
+    strides.is_empty().then(|| vec![1; start.len()])
 }
