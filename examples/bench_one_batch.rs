@@ -265,11 +265,22 @@ fn main() {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_default();
+    let flags: Vec<&str> = [
+        ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+        ("fma", std::arch::is_x86_feature_detected!("fma")),
+        ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+        ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+        ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
     println!(
-        "\nmodel: {}\nmachine: {} ({} cores), threads {}\n",
+        "\nmodel: {}\nmachine: {} ({} cores; {}), threads {}\n",
         path.display(),
         cpu,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        flags.join(" "),
         a.threads
     );
     let mut header = String::from("| workload | mlx-backend |");
