@@ -231,6 +231,26 @@ fn bench_peer(engine: &str, python: &Path, gguf: &Path, a: &Args) -> Option<Resu
     })
 }
 
+/// The SIMD features the kernels choose from at run time.
+#[cfg(target_arch = "x86_64")]
+fn cpu_flags() -> Vec<&'static str> {
+    [
+        ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+        ("fma", std::arch::is_x86_feature_detected!("fma")),
+        ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+        ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+        ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_flags() -> Vec<&'static str> {
+    vec![std::env::consts::ARCH]
+}
+
 fn main() {
     let a = parse_args();
     let path = fetch::resolve(a.model.as_deref()).expect("model");
@@ -265,16 +285,7 @@ fn main() {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_default();
-    let flags: Vec<&str> = [
-        ("avx2", std::arch::is_x86_feature_detected!("avx2")),
-        ("fma", std::arch::is_x86_feature_detected!("fma")),
-        ("f16c", std::arch::is_x86_feature_detected!("f16c")),
-        ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
-        ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
-    ]
-    .into_iter()
-    .filter_map(|(name, on)| on.then_some(name))
-    .collect();
+    let flags = cpu_flags();
     println!(
         "\nmodel: {}\nmachine: {} ({} cores; {}), threads {}\n",
         path.display(),
