@@ -57,7 +57,7 @@ impl Linear {
             Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?),
             // QuantizedLinear adds its bias after the product.
             Linear::Quantized { q, bias } => {
-                let y = q.matmul(x, true)?;
+                let y = super::fused::quantized_matmul(x, q)?;
                 match bias {
                     Some(b) => y.add(b),
                     None => Ok(y),
@@ -108,7 +108,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => x.matmul(&w.t()?),
-            Embedding::Quantized(q) => q.matmul(x, true),
+            Embedding::Quantized(q) => super::fused::quantized_matmul(x, q),
         }
     }
 
