@@ -2,7 +2,8 @@
 //! prefill 32 tokens, then 32 greedy decode steps, with the custom
 //! `quantized_matmul` kernel on and off, in the file's dtype and in f32.
 //!
-//! `cargo run --release --example bench_decode [path.gguf]`
+//! `cargo run --release --example bench_decode [path.gguf] [file|f32] [on|off]`
+//! (the optional arguments run one dtype / one kernel setting only).
 
 use mlx_backend::kernels::{registry, Kernel};
 use mlx_backend::model::{self, LoadOptions, Logits, Transformer};
@@ -44,7 +45,12 @@ fn main() -> anyhow::Result<()> {
     let path = std::env::args().nth(1).map_or_else(default_path, PathBuf::from);
     // A fixed, deterministic prompt of PREFILL token ids.
     let prompt: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + 37 * i).collect();
+    let only = std::env::args().nth(2);
     for dtype in [None, Some(Dtype::F32)] {
+        let name = if dtype.is_some() { "f32" } else { "file" };
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let opts = LoadOptions {
             dtype,
             ..LoadOptions::default()
@@ -52,7 +58,11 @@ fn main() -> anyhow::Result<()> {
         let loaded = model::load(&path, &opts)?;
         let m = &loaded.model;
         let mut reference: Option<Vec<u32>> = None;
+        let only_kernel = std::env::args().nth(3);
         for on in [true, false] {
+            if only_kernel.as_deref().is_some_and(|o| (o == "on") != on) {
+                continue;
+            }
             registry::set_enabled(Kernel::QuantizedMatmul, on);
             run(m, &prompt)?; // warm up
             let (prefill, decode, tokens) = run(m, &prompt)?;

@@ -276,4 +276,37 @@ mod tests {
         assert!(quantized_matmul(&x, short, &mut out, 2, n, k).is_err());
         assert!(quantized_matmul(&x[..96], q.matrix(), &mut out[..n], 1, n, 96).is_err());
     }
+
+    /// Raw kernel speed without MLX:
+    /// `cargo test --release --lib -- --ignored --nocapture bench_quantized_matmul`
+    #[test]
+    #[ignore]
+    fn bench_quantized_matmul() {
+        let mut rng = Rng::new(1);
+        for (m, k, n, bits) in [
+            (1, 576, 576, 4),
+            (1, 576, 1536, 4),
+            (1, 1536, 576, 4),
+            (1, 576, 49152, 8),
+            (128, 576, 1536, 4),
+        ] {
+            let w = Owned::<f32>::random(&mut rng, n, k, bits, 32);
+            let x: Vec<f32> = rng.elems(m * k, 1.0);
+            let mut out = vec![0.0f32; m * n];
+            let mut run = || quantized_matmul(&x, w.matrix(), &mut out, m, n, k).unwrap();
+            run();
+            let iters = (1_000_000_000 / (m * n * k)).clamp(3, 3000);
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                run();
+            }
+            let secs = t.elapsed().as_secs_f64() / iters as f64;
+            let bytes = w.w.len() * 4 + w.scales.len() * 8;
+            println!(
+                "{m}x{k}->{n} {bits}-bit: {:.1} us, {:.2} GB/s",
+                secs * 1e6,
+                bytes as f64 / secs / 1e9
+            );
+        }
+    }
 }
