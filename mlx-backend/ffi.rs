@@ -474,6 +474,7 @@ pub(crate) mod bridge {
         #[allow(clippy::too_many_arguments)]
         fn quantized_matmul_cpu(
             dtype: i32,
+            params_dtype: i32,
             x: &[u8],
             w: &[u32],
             scales: &[u8],

@@ -113,10 +113,27 @@ fn ineligible_inputs_fall_back_counted() {
         before + 1
     );
     assert!(norm_rel_err(&got, &w3.matmul(&x, true).unwrap()) < 1e-6);
-    // f16 scales with f32 x: mixed dtypes go to MLX.
-    let w16 = weights(16, k, Dtype::F16, 4, 64, 22);
+    // f32 scales with f16 x: MLX promotes to f32; the kernel does not cover it.
+    let w32 = weights(16, k, Dtype::F32, 4, 64, 22);
+    let x16 = x.astype(Dtype::F16).unwrap();
     let before = stats().fallbacks(FallbackReason::UnsupportedDtype);
-    let got = quantized_matmul(&x, &w16).unwrap();
+    let got = quantized_matmul(&x16, &w32).unwrap();
     assert_eq!(stats().fallbacks(FallbackReason::UnsupportedDtype), before + 1);
     assert_eq!(got.dtype(), Dtype::F32);
+}
+
+#[test]
+fn f32_x_with_half_scales_promotes_like_mlx() {
+    for (dtype, bits) in [(Dtype::F16, 4), (Dtype::BF16, 8)] {
+        let w = weights(48, 256, dtype, bits, 32, 30);
+        let fused_before = registry::stats(Kernel::QuantizedMatmul).fused;
+        for rows in [1, 9] {
+            let x = normal(&[rows, 256], Dtype::F32, 0.0, 1.0, 31);
+            let got = quantized_matmul(&x, &w).unwrap();
+            assert_eq!(got.dtype(), Dtype::F32);
+            let err = norm_rel_err(&got, &f32_reference(&x, &w));
+            assert!(err < 1e-5, "{dtype} rows {rows}: {err:e}");
+        }
+        assert!(registry::stats(Kernel::QuantizedMatmul).fused >= fused_before + 2);
+    }
 }

@@ -34,7 +34,8 @@ void QuantizedMatmulPrimitive::eval_cpu(
   enc.dispatch([inputs, out, m, n, k, bits, group]() mutable {
     rust::Slice<const uint32_t> w(inputs[1].data<uint32_t>(), inputs[1].size());
     if (!quantized_matmul_cpu(
-            static_cast<int32_t>(inputs[0].dtype().val()), bytes_of(inputs[0]), w,
+            static_cast<int32_t>(inputs[0].dtype().val()),
+            static_cast<int32_t>(inputs[2].dtype().val()), bytes_of(inputs[0]), w,
             bytes_of(inputs[2]), bytes_of(inputs[3]), bits, group, bytes_of_mut(out), m, n, k)) {
       poison(out);
     }
@@ -74,9 +75,10 @@ array quantized_matmul_op(
   }
   auto shape = x.shape();
   shape.back() = n;
+  // As MLX: the result type promotes x with the scales (f32 x, f16 scales → f32).
   return array(
       shape,
-      x.dtype(),
+      mx::promote_types(x.dtype(), w[1].dtype()),
       std::make_shared<QuantizedMatmulPrimitive>(s, fallback, group_size, bits),
       inputs);
 }

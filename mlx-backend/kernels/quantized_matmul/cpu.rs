@@ -25,10 +25,11 @@ const PAR_MIN_MACS: usize = 1 << 19;
 /// Weight rows per tile (one rayon task; dequantized once in the tiled path).
 const TILE_N: usize = 16;
 
-/// `x` is `[m, k]`, `out` is `[m, n]`, both row-major.
-pub fn quantized_matmul<T: Element>(
+/// `x` is `[m, k]`, `out` is `[m, n]`, both row-major, of element type
+/// `T`; the scales and biases are `P` (T itself, or f16/bf16 with f32 x).
+pub fn quantized_matmul<T: Element, P: Element>(
     x: &[T],
-    w: QuantMatrix<T>,
+    w: QuantMatrix<P>,
     out: &mut [T],
     m: usize,
     n: usize,
@@ -80,7 +81,7 @@ fn for_tiles<T: Send, B>(
 }
 
 /// Output rows `first..first + dst.len()` for the single x row.
-fn matvec_tile<T: Element>(px: &PreparedX, w: &QView<T>, first: usize, dst: &mut [T]) {
+fn matvec_tile<T: Element, P: Element>(px: &PreparedX, w: &QView<P>, first: usize, dst: &mut [T]) {
     let lay = &w.lay;
     let avx = simd::has_avx2_fma();
     let finish = |d: f32, r: usize| T::from_f32(d + bias_term(w.row(r).biases, &px.group_sums));
@@ -101,7 +102,13 @@ fn matvec_tile<T: Element>(px: &PreparedX, w: &QView<T>, first: usize, dst: &mut
 
 /// Output rows `first..` (`dst` is `[rows][m]`, transposed) for every x
 /// row, from the tile's weight rows dequantized once into `buf`.
-fn tiled<T: Element>(px: &PreparedX, w: &QView<T>, first: usize, dst: &mut [T], buf: &mut [f32]) {
+fn tiled<T: Element, P: Element>(
+    px: &PreparedX,
+    w: &QView<P>,
+    first: usize,
+    dst: &mut [T],
+    buf: &mut [f32],
+) {
     let (m, k) = (px.rows, w.lay.k);
     let rows = dst.len() / m;
     let avx = simd::has_avx2_fma();
@@ -122,9 +129,11 @@ fn tiled<T: Element>(px: &PreparedX, w: &QView<T>, first: usize, dst: &mut [T], 
 }
 
 /// Entry point from C++ (`QuantizedMatmulPrimitive`); all arrays dense.
+/// `dtype` is x's (and out's), `params_dtype` that of scales and biases.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn quantized_matmul_cpu(
     dtype: i32,
+    params_dtype: i32,
     x: &[u8],
     w: &[u32],
     scales: &[u8],
@@ -137,16 +146,22 @@ pub(crate) fn quantized_matmul_cpu(
     k: usize,
 ) -> bool {
     run_entry(Kernel::QuantizedMatmul, || {
-        with_float!(FloatKind::from_code(dtype)?, T => {
-            let q = QuantMatrix::<T> {
+        let (xk, pk) = (FloatKind::from_code(dtype)?, FloatKind::from_code(params_dtype)?);
+        if xk != pk && xk != FloatKind::F32 {
+            return Err(KernelError::Unsupported(format!(
+                "x {xk:?} with scales {pk:?}: mixed dtypes need f32 x"
+            )));
+        }
+        with_float!(xk, T => with_float!(pk, P => {
+            let q = QuantMatrix::<P> {
                 w,
                 scales: typed(scales)?,
                 biases: typed(biases)?,
                 bits,
                 group_size,
             };
-            quantized_matmul(typed(x)?, q, typed_mut(out)?, m, n, k)
-        })
+            quantized_matmul::<T, P>(typed(x)?, q, typed_mut(out)?, m, n, k)
+        }))
     })
 }
 
@@ -195,7 +210,18 @@ mod tests {
     }
 
     fn case<T: Element>(rng: &mut Rng, m: usize, n: usize, k: usize, bits: u32, group: usize) {
-        let w = Owned::<T>::random(rng, n, k, bits, group);
+        case_mixed::<T, T>(rng, m, n, k, bits, group);
+    }
+
+    fn case_mixed<T: Element, P: Element>(
+        rng: &mut Rng,
+        m: usize,
+        n: usize,
+        k: usize,
+        bits: u32,
+        group: usize,
+    ) {
+        let w = Owned::<P>::random(rng, n, k, bits, group);
         let x: Vec<T> = rng.elems(m * k, 1.0);
         let mut out = vec![T::from_f32(f32::NAN); m * n];
         quantized_matmul(&x, w.matrix(), &mut out, m, n, k).unwrap();
@@ -249,6 +275,15 @@ mod tests {
     #[test]
     fn matches_reference_bf16() {
         all::<bf16>();
+    }
+
+    #[test]
+    fn f32_x_with_half_scales() {
+        let mut rng = Rng::new(0x31);
+        for m in [1, 6] {
+            case_mixed::<f32, f16>(&mut rng, m, 37, 256, 4, 32);
+            case_mixed::<f32, bf16>(&mut rng, m, 37, 256, 8, 64);
+        }
     }
 
     #[test]

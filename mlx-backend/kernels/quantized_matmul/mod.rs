@@ -8,8 +8,9 @@
 //! `[..., N]` in x's dtype.
 //!
 //! Eligibility for the CPU kernel: a CPU stream; x, scales and biases of one
-//! dtype (f16/bf16/f32); 4 or 8 bits. Otherwise the op builds MLX's
-//! `quantized_matmul`.
+//! dtype (f16/bf16/f32), or f32 x with f16/bf16 scales and biases (the
+//! result is then f32, as MLX promotes); 4 or 8 bits. Otherwise the op
+//! builds MLX's `quantized_matmul`.
 
 pub(crate) mod cpu;
 
@@ -28,11 +29,9 @@ fn eligibility(x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
     if !on_cpu() {
         return Err(FallbackReason::NoKernelForDevice);
     }
-    let dt = x.dtype();
-    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
-        || w.scales.dtype() != dt
-        || w.biases.dtype() != dt
-    {
+    let (dt, pt) = (x.dtype(), w.scales.dtype());
+    let float = |t: Dtype| matches!(t, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+    if !float(dt) || !float(pt) || w.biases.dtype() != pt || (pt != dt && dt != Dtype::F32) {
         return Err(FallbackReason::UnsupportedDtype);
     }
     if !matches!(w.bits, 4 | 8) {
@@ -41,7 +40,7 @@ fn eligibility(x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
     Ok(())
 }
 
-/// `x·wᵀ`, `[..., K] → [..., N]`.
+/// `x·wᵀ`, `[..., K] → [..., N]`, in x's dtype promoted with the scales'.
 pub fn quantized_matmul(x: &Array, w: &Quantized) -> Result<Array, OpError> {
     build(Kernel::QuantizedMatmul, eligibility(x, w), |fused| {
         ffi::kernel_quantized_matmul(
