@@ -42,7 +42,9 @@ fn run(m: &Transformer, prompt: &[u32]) -> anyhow::Result<(f64, f64, Vec<u32>)> 
 }
 
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args().nth(1).map_or_else(default_path, PathBuf::from);
+    let path = std::env::args()
+        .nth(1)
+        .map_or_else(default_path, PathBuf::from);
     // A fixed, deterministic prompt of PREFILL token ids.
     let prompt: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + 37 * i).collect();
     let only = std::env::args().nth(2);

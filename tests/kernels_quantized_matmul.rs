@@ -85,7 +85,10 @@ fn bad_inputs_are_op_errors() {
         ..w.clone()
     };
     let e = quantized_matmul(&x, &with(48, 4)).unwrap_err();
-    assert!(e.message.contains("group size must be 32, 64 or 128"), "{e}");
+    assert!(
+        e.message.contains("group size must be 32, 64 or 128"),
+        "{e}"
+    );
     assert!(e.message.starts_with("quantized_matmul"), "{e}");
     let e = quantized_matmul(&x, &with(64, 7)).unwrap_err();
     assert!(e.message.contains("bits must be one of"), "{e}");
@@ -118,7 +121,10 @@ fn ineligible_inputs_fall_back_counted() {
     let x16 = x.astype(Dtype::F16).unwrap();
     let before = stats().fallbacks(FallbackReason::UnsupportedDtype);
     let got = quantized_matmul(&x16, &w32).unwrap();
-    assert_eq!(stats().fallbacks(FallbackReason::UnsupportedDtype), before + 1);
+    assert_eq!(
+        stats().fallbacks(FallbackReason::UnsupportedDtype),
+        before + 1
+    );
     assert_eq!(got.dtype(), Dtype::F32);
 }
 

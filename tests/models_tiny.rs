@@ -227,9 +227,7 @@ fn check_dir(name: &str, dir: &Path) {
         // must be the float32 reference's choice, or the float32 reference
         // must rank the two tokens within one bf16 ulp of each other (an
         // order no bf16 computation can resolve).
-        for (step, ((ours, oracle), f32_row)) in
-            got.iter().zip(greedy).zip(&ref_rows).enumerate()
-        {
+        for (step, ((ours, oracle), f32_row)) in got.iter().zip(greedy).zip(&ref_rows).enumerate() {
             let f32_choice = f32_row.as_ref().map(argmax_last);
             let bf16_tie = f32_row.as_ref().is_some_and(|r| {
                 let v = r.reshape(&[-1]).unwrap().to_vec::<f32>().unwrap();

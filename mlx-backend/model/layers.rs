@@ -128,9 +128,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => x.matmul(&w.t()?),
-            Embedding::Quantized(q) => {
-                super::fused::quantized_matmul(&x.astype(Dtype::F32)?, q)
-            }
+            Embedding::Quantized(q) => super::fused::quantized_matmul(&x.astype(Dtype::F32)?, q),
         }
     }
 

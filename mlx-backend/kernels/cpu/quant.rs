@@ -39,9 +39,16 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
-    pub(crate) fn new(bits: u32, group_size: usize, n: usize, k: usize) -> Result<Self, KernelError> {
+    pub(crate) fn new(
+        bits: u32,
+        group_size: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, KernelError> {
         if !matches!(bits, 4 | 8) {
-            return Err(KernelError::Unsupported(format!("bits = {bits}, expected 4 or 8")));
+            return Err(KernelError::Unsupported(format!(
+                "bits = {bits}, expected 4 or 8"
+            )));
         }
         if !matches!(group_size, 32 | 64 | 128) {
             return Err(KernelError::Unsupported(format!(

@@ -274,7 +274,11 @@ pub(crate) mod avx2 {
         }
         let mut out = [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])];
         for (o, w) in out.iter_mut().zip(w) {
-            *o += x[i..n].iter().zip(&w[i..n]).map(|(a, b)| a * b).sum::<f32>();
+            *o += x[i..n]
+                .iter()
+                .zip(&w[i..n])
+                .map(|(a, b)| a * b)
+                .sum::<f32>();
         }
         out
     }

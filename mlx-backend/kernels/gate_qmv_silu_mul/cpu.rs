@@ -12,10 +12,10 @@ use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
+pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
     bias_term, dequant, qdot2_scaled, scatter_rows, Layout, PreparedX, QRow, QView,
 };
-pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::simd::{self, Element};
 
 /// Below this many multiply-adds threading costs more than it saves.
@@ -126,7 +126,6 @@ pub fn gather_gate_qmv_silu_mul<T: Element>(
     Ok(())
 }
 
-
 /// The quantisation geometry of gate and up, which must agree.
 fn shared_layout(
     gate_bits: u32,
@@ -208,7 +207,6 @@ fn qdot2<T: Element>(
         du + bias_term(u.biases, sums),
     )
 }
-
 
 /// Entry point from C++ (dense `GateQmvSiluMulPrimitive`); all arrays dense.
 #[allow(clippy::too_many_arguments)]

@@ -45,15 +45,23 @@ pub fn quantized_matmul<T: Element, P: Element>(
     let px = PreparedX::new(x.chunks_exact(k), &lay);
     let parallel = m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS;
     if m == 1 {
-        for_tiles(out, TILE_N, parallel, || (), |first, chunk, _| {
-            matvec_tile(&px, &wv, first, chunk)
-        });
+        for_tiles(
+            out,
+            TILE_N,
+            parallel,
+            || (),
+            |first, chunk, _| matvec_tile(&px, &wv, first, chunk),
+        );
     } else {
         let mut tmp = vec![T::from_f32(0.0); n * m];
         let new_buf = || vec![0.0f32; TILE_N * k];
-        for_tiles(&mut tmp, TILE_N * m, parallel, new_buf, |first, chunk, buf| {
-            tiled(&px, &wv, first, chunk, buf)
-        });
+        for_tiles(
+            &mut tmp,
+            TILE_N * m,
+            parallel,
+            new_buf,
+            |first, chunk, buf| tiled(&px, &wv, first, chunk, buf),
+        );
         scatter_rows(&tmp, out, m, n, |r| r);
     }
     Ok(())
@@ -146,7 +154,10 @@ pub(crate) fn quantized_matmul_cpu(
     k: usize,
 ) -> bool {
     run_entry(Kernel::QuantizedMatmul, || {
-        let (xk, pk) = (FloatKind::from_code(dtype)?, FloatKind::from_code(params_dtype)?);
+        let (xk, pk) = (
+            FloatKind::from_code(dtype)?,
+            FloatKind::from_code(params_dtype)?,
+        );
         if xk != pk && xk != FloatKind::F32 {
             return Err(KernelError::Unsupported(format!(
                 "x {xk:?} with scales {pk:?}: mixed dtypes need f32 x"
@@ -183,7 +194,9 @@ mod tests {
         fn random(rng: &mut Rng, n: usize, k: usize, bits: u32, group_size: usize) -> Self {
             let max_q = ((1u32 << bits) - 1) as f32;
             Owned {
-                w: (0..n * k * bits as usize / 32).map(|_| rng.next_u32()).collect(),
+                w: (0..n * k * bits as usize / 32)
+                    .map(|_| rng.next_u32())
+                    .collect(),
                 scales: rng.elems(n * k / group_size, 0.3 / max_q),
                 biases: rng.elems(n * k / group_size, 0.15),
                 bits,
