@@ -3,10 +3,13 @@
 //!
 //! `cargo bench --bench kernels` prints criterion's timings and a summary
 //! table (median µs per call, achieved GB/s vs. read bandwidth, speedup).
+//! `KERNELS_BENCH_FILTER=quantized_matmul` keeps the cases whose name
+//! contains the string.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use mlx_backend::kernels::{
-    gate_qmv_silu_mul, gather_gate_qmv_silu_mul, moe_combine, registry, rms_norm, Kernel,
+    gate_qmv_silu_mul, gather_gate_qmv_silu_mul, moe_combine, quantized_matmul, registry, rms_norm,
+    Kernel,
 };
 use mlx_backend::ops::{quantize, random, Quantized};
 use mlx_backend::{Array, Dtype};
@@ -114,7 +117,40 @@ fn cases() -> Vec<Case> {
             }),
         });
     }
+    quantized_matmul_cases(&mut cases);
+    let filter = std::env::var("KERNELS_BENCH_FILTER").unwrap_or_default();
+    cases.retain(|c| c.name.contains(&filter));
     cases
+}
+
+/// The default model's projections (SmolLM2-135M: hidden 576, MLP 1536,
+/// tied 8-bit 49152-row head), in f32: the dtype the model runs fastest in.
+fn quantized_matmul_cases(cases: &mut Vec<Case>) {
+    for (m, k, n, bits) in [
+        (1, 576, 576, 4),
+        (1, 576, 1536, 4),
+        (1, 1536, 576, 4),
+        (1, 576, 49152, 8),
+        (128, 576, 1536, 4),
+    ] {
+        let key = random::key(11).unwrap();
+        let x = random::normal(&[m, k], Dtype::F32, 0.0, 1.0, Some(&key)).unwrap();
+        let w = random::normal(&[n, k], Dtype::F32, 0.0, 0.05, Some(&key)).unwrap();
+        let q = quantize(&w, 32, bits).unwrap();
+        mlx_backend::eval(&[&x, &q.weight, &q.scales, &q.biases]).unwrap();
+        let (x2, q2) = (x.clone(), q.clone());
+        let weights = (n * k) as f64 * bits as f64 / 8.0 + 2.0 * (n * k / 32) as f64 * 4.0;
+        cases.push(Case {
+            name: format!("quantized_matmul {m}x{k}->{n} g32 q{bits} f32"),
+            bytes: weights + ((m * k + m * n) * 4) as f64,
+            kernel: with_kernel(Kernel::QuantizedMatmul, true, move || {
+                quantized_matmul(&x, &q).unwrap()
+            }),
+            mlx: with_kernel(Kernel::QuantizedMatmul, false, move || {
+                quantized_matmul(&x2, &q2).unwrap()
+            }),
+        });
+    }
 }
 
 /// Median seconds per call over ~`budget` of calls (at least 5).

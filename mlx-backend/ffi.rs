@@ -378,6 +378,15 @@ pub(crate) mod bridge {
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
+        /// `w` is `[weight, scales, biases]`.
+        fn kernel_quantized_matmul(
+            x: &array,
+            w: &ArrayList,
+            group_size: i32,
+            bits: i32,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
         /// 2 moe_combine) built fused or as the fallback.
         fn kernel_vjp(
@@ -462,6 +471,21 @@ pub(crate) mod bridge {
             n: usize,
             k: usize,
         ) -> bool;
+        #[allow(clippy::too_many_arguments)]
+        fn quantized_matmul_cpu(
+            dtype: i32,
+            params_dtype: i32,
+            x: &[u8],
+            w: &[u32],
+            scales: &[u8],
+            biases: &[u8],
+            bits: u32,
+            group_size: usize,
+            out: &mut [u8],
+            m: usize,
+            n: usize,
+            k: usize,
+        ) -> bool;
     }
 }
 
@@ -470,4 +494,5 @@ pub(crate) use bridge::*;
 // The Rust side of the "CPU kernels called from C++" section.
 use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
 use crate::kernels::moe_combine::cpu::moe_combine_cpu;
+use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;
 use crate::kernels::rms_norm::cpu::{rms_norm_cpu, rms_norm_residual_cpu};

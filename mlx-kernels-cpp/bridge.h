@@ -290,4 +290,5 @@ rust::Vec<rust::String> gguf_metadata_strings(const GgufFile& f, rust::Str key);
 #include "common/grad_check.h"
 #include "gate_qmv_silu_mul/gate_qmv_silu_mul.h"
 #include "moe_combine/moe_combine.h"
+#include "quantized_matmul/quantized_matmul.h"
 #include "rms_norm/rms_norm.h"

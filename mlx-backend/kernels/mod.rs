@@ -3,7 +3,8 @@
 //!
 //! * [`rms_norm()`] / [`rms_norm_residual()`]: RMSNorm, optionally fused with the residual add;
 //! * [`moe_combine()`]: the weighted sum of the top-k expert outputs;
-//! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection.
+//! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection;
+//! * [`quantized_matmul()`]: `x·Wᵀ` on affine-quantized weights (linears, tied lm_head).
 //!
 //! Every op checks its contract (an [`OpError`] names what is wrong), then
 //! asks the [`registry`] whether to build the fused Primitive or the
@@ -13,11 +14,13 @@
 mod cpu;
 pub mod gate_qmv_silu_mul;
 pub mod moe_combine;
+pub mod quantized_matmul;
 pub mod registry;
 pub mod rms_norm;
 
 pub use gate_qmv_silu_mul::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul};
 pub use moe_combine::moe_combine;
+pub use quantized_matmul::quantized_matmul;
 pub use registry::{FallbackReason, Kernel, KernelStats, Snapshot};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 
@@ -54,7 +57,8 @@ pub struct QuantSpec {
 
 /// One warmup run: a kernel, a dtype and a shape (per kernel: `[rows,
 /// hidden]` for rms_norm, `[tokens, top_k, hidden]` for moe_combine,
-/// `[rows, K, N]` or `[rows, K, N, E, top_k]` for gate_qmv_silu_mul).
+/// `[rows, K, N]` or `[rows, K, N, E, top_k]` for gate_qmv_silu_mul,
+/// `[rows, K, N]` for quantized_matmul).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarmupSpec {
     pub kernel: Kernel,
@@ -118,6 +122,15 @@ pub fn warmup_specs(kernel: Kernel) -> Vec<WarmupSpec> {
             Some((8, 2)),
             &WARMUP_DTYPES,
         ),
+        Kernel::QuantizedMatmul => quantized_matmul::warmup_specs(
+            &[(576, 576), (1536, 576)],
+            32,
+            QuantSpec {
+                bits: 4,
+                group_size: 32,
+            },
+            &WARMUP_DTYPES,
+        ),
     }
 }
 
@@ -137,6 +150,13 @@ pub fn warmup_for_model(dims: &ModelDims) -> Result<WarmupReport, WarmupError> {
             dims.intermediate_size,
             q,
             None,
+            &dtypes,
+        ));
+        let (h, i) = (dims.hidden_size, dims.intermediate_size);
+        specs.extend(quantized_matmul::warmup_specs(
+            &[(h, h), (i, h)],
+            32,
+            q,
             &dtypes,
         ));
     }
@@ -177,6 +197,7 @@ pub fn warmup_with(specs: &[WarmupSpec]) -> Result<WarmupReport, WarmupError> {
             Kernel::RmsNorm => rms_norm::run_warmup(spec, &key),
             Kernel::MoeCombine => moe_combine::run_warmup(spec, &key),
             Kernel::GateQmvSiluMul => gate_qmv_silu_mul::run_warmup(spec, &key),
+            Kernel::QuantizedMatmul => quantized_matmul::run_warmup(spec, &key),
         }
         .map_err(|source| WarmupError::Op { kernel, source })?;
         let refs: Vec<&Array> = outputs.iter().collect();

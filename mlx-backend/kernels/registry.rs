@@ -21,10 +21,19 @@ pub enum Kernel {
     RmsNorm,
     MoeCombine,
     GateQmvSiluMul,
+    QuantizedMatmul,
 }
 
+/// How many kernels there are.
+const KERNELS: usize = 4;
+
 impl Kernel {
-    pub const ALL: [Kernel; 3] = [Kernel::RmsNorm, Kernel::MoeCombine, Kernel::GateQmvSiluMul];
+    pub const ALL: [Kernel; KERNELS] = [
+        Kernel::RmsNorm,
+        Kernel::MoeCombine,
+        Kernel::GateQmvSiluMul,
+        Kernel::QuantizedMatmul,
+    ];
 
     /// The name used in `MLX_BACKEND_KERNELS`, logs and errors.
     pub fn name(self) -> &'static str {
@@ -32,6 +41,7 @@ impl Kernel {
             Kernel::RmsNorm => "rms_norm",
             Kernel::MoeCombine => "moe_combine",
             Kernel::GateQmvSiluMul => "gate_qmv_silu_mul",
+            Kernel::QuantizedMatmul => "quantized_matmul",
         }
     }
 
@@ -46,6 +56,7 @@ impl Kernel {
             Kernel::RmsNorm => super::rms_norm::DEFAULT_ENABLED,
             Kernel::MoeCombine => super::moe_combine::DEFAULT_ENABLED,
             Kernel::GateQmvSiluMul => super::gate_qmv_silu_mul::DEFAULT_ENABLED,
+            Kernel::QuantizedMatmul => super::quantized_matmul::DEFAULT_ENABLED,
         }
     }
 
@@ -141,7 +152,7 @@ struct Slot {
 }
 
 struct Registry {
-    slots: [Slot; 3],
+    slots: [Slot; KERNELS],
     /// Bumped on every recorded failure, so an eval can tell one happened.
     failure_epoch: AtomicU64,
     last_failure: Mutex<Option<Failure>>,
@@ -169,15 +180,15 @@ fn registry() -> &'static Registry {
 
 /// Applies `MLX_BACKEND_KERNELS` syntax; later entries win; unknown names
 /// are reported once on stderr and otherwise ignored.
-fn parse_switches(spec: &str) -> [Option<bool>; 3] {
-    let mut out = [None; 3];
+fn parse_switches(spec: &str) -> [Option<bool>; KERNELS] {
+    let mut out = [None; KERNELS];
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let (on, name) = match item.strip_prefix('-') {
             Some(rest) => (false, rest),
             None => (true, item.strip_prefix('+').unwrap_or(item)),
         };
         if name == "all" {
-            out = [Some(on); 3];
+            out = [Some(on); KERNELS];
         } else if let Some(k) = Kernel::from_name(name) {
             out[k.index()] = Some(on);
         } else {
@@ -297,14 +308,18 @@ mod tests {
 
     #[test]
     fn parses_switches() {
-        assert_eq!(parse_switches(""), [None; 3]);
+        assert_eq!(parse_switches(""), [None; KERNELS]);
         assert_eq!(
             parse_switches("rms_norm, -moe_combine"),
-            [Some(true), Some(false), None]
+            [Some(true), Some(false), None, None]
         );
         assert_eq!(
             parse_switches("-all,gate_qmv_silu_mul,bogus"),
-            [Some(false), Some(false), Some(true)]
+            [Some(false), Some(false), Some(true), Some(false)]
+        );
+        assert_eq!(
+            parse_switches("-quantized_matmul"),
+            [None, None, None, Some(false)]
         );
     }
 }

@@ -57,12 +57,29 @@ impl Linear {
             Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?),
             // QuantizedLinear adds its bias after the product.
             Linear::Quantized { q, bias } => {
-                let y = q.matmul(x, true)?;
+                let y = super::fused::quantized_matmul(x, q)?;
                 match bias {
                     Some(b) => y.add(b),
                     None => Ok(y),
                 }
             }
+        }
+    }
+}
+
+impl Linear {
+    /// The lm_head: as [`Linear::forward`], but a quantized head takes x in
+    /// f32 and returns f32 logits (see [`Embedding::as_linear`]).
+    pub fn forward_logits(&self, x: &Array) -> Result<Array, OpError> {
+        match self {
+            Linear::Quantized { q, bias } => {
+                let y = super::fused::quantized_matmul(&x.astype(Dtype::F32)?, q)?;
+                match bias {
+                    Some(b) => y.add(b),
+                    None => Ok(y),
+                }
+            }
+            Linear::Dense { .. } => self.forward(x),
         }
     }
 }
@@ -104,11 +121,14 @@ impl Embedding {
         }
     }
 
-    /// `x·Eᵀ`: logits through the tied embedding matrix.
+    /// `x·Eᵀ`: logits through the tied embedding matrix. The quantized
+    /// head takes x in f32 and returns f32 logits (f16/bf16 scales are
+    /// promoted inside the kernel), so near-equal logits are not tied by a
+    /// final f16/bf16 rounding.
     pub fn as_linear(&self, x: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => x.matmul(&w.t()?),
-            Embedding::Quantized(q) => q.matmul(x, true),
+            Embedding::Quantized(q) => super::fused::quantized_matmul(&x.astype(Dtype::F32)?, q),
         }
     }
 

@@ -222,7 +222,7 @@ impl Transformer {
     fn head(&self, h: &Array) -> Result<Array, ForwardError> {
         let h = self.norm.forward(h)?;
         let out = match &self.lm_head {
-            Some(head) => head.forward(&h)?,
+            Some(head) => head.forward_logits(&h)?,
             None => self.embed_tokens.as_linear(&h)?,
         };
         Ok(out.astype(crate::Dtype::F32)?)

@@ -1,5 +1,6 @@
 #include "gate_qmv_silu_mul/gate_qmv_silu_mul.h"
 
+#include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 
 namespace mx = mlx::core;
@@ -8,80 +9,10 @@ namespace mlx_backend {
 
 namespace {
 
+constexpr const char* kOp = "gate_qmv_silu_mul";
+
 [[noreturn]] void fail(const std::string& msg) {
-  throw std::invalid_argument("gate_qmv_silu_mul: " + msg);
-}
-
-std::string shape_str(const mx::Shape& s) {
-  std::string out = "(";
-  for (size_t i = 0; i < s.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  }
-  return out + ")";
-}
-
-// Checks one [weight, scales, biases] triple against x's K; `lead` is the
-// expected leading shape of the weight ([N] dense, [E, N] indexed, N taken
-// from the weight itself when 0).
-int check_matrix(
-    const char* what,
-    const std::vector<array>& q,
-    int k,
-    int group_size,
-    int bits,
-    mx::Shape lead) {
-  if (q.size() != 3) {
-    fail(std::string(what) + " must be [weight, scales, biases]");
-  }
-  const auto& w = q[0];
-  if (w.dtype() != mx::uint32) {
-    fail(std::string(what) + " weight must be uint32 (packed), got another dtype");
-  }
-  if (w.ndim() != lead.size() + 1) {
-    fail(std::string(what) + " weight must have rank " + std::to_string(lead.size() + 1) +
-         ", got shape " + shape_str(w.shape()));
-  }
-  for (size_t i = 0; i < lead.size(); ++i) {
-    if (lead[i] != 0 && w.shape(i) != lead[i]) {
-      fail(std::string(what) + " weight shape " + shape_str(w.shape()) +
-           " does not match the other projection");
-    }
-  }
-  if (static_cast<int64_t>(w.shape(-1)) * 32 != static_cast<int64_t>(k) * bits) {
-    fail(std::string(what) + " weight has " + std::to_string(w.shape(-1)) +
-         " packed words per row; K = " + std::to_string(k) + " at " + std::to_string(bits) +
-         " bits needs " + std::to_string(k * bits / 32));
-  }
-  auto gshape = w.shape();
-  gshape.back() = k / group_size;
-  for (int i = 1; i < 3; ++i) {
-    if (q[i].shape() != gshape) {
-      fail(std::string(what) + (i == 1 ? " scales" : " biases") + " must have shape " +
-           shape_str(gshape) + ", got " + shape_str(q[i].shape()));
-    }
-    if (!is_float(q[i].dtype())) {
-      fail(std::string(what) + " scales and biases must be float");
-    }
-  }
-  return w.shape(-2);
-}
-
-int check_common(const array& x, int group_size, int bits) {
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 5 && bits != 6 && bits != 8) {
-    fail("bits must be one of 2, 3, 4, 5, 6, 8 (MLX affine), got " + std::to_string(bits));
-  }
-  if (group_size != 32 && group_size != 64 && group_size != 128) {
-    fail("group size must be 32, 64 or 128, got " + std::to_string(group_size));
-  }
-  if (x.ndim() < 1 || !is_float(x.dtype())) {
-    fail("x must be a float array of rank >= 1");
-  }
-  int k = x.shape(-1);
-  if (k % group_size != 0) {
-    fail("K = " + std::to_string(k) + " is not a multiple of the group size " +
-         std::to_string(group_size));
-  }
-  return k;
+  quant_fail(kOp, msg);
 }
 
 array swiglu(const array& g, const array& u, mx::Stream s) {
@@ -175,9 +106,9 @@ array gate_qmv_silu_mul_op(
     int bits,
     bool fused,
     mx::Stream s) {
-  int k = check_common(x, group_size, bits);
-  int n = check_matrix("gate", gate, k, group_size, bits, {0});
-  check_matrix("up", up, k, group_size, bits, {n});
+  int k = check_quant_x(kOp, x, group_size, bits);
+  int n = check_quant_matrix(kOp, "gate", gate, k, group_size, bits, {0});
+  check_quant_matrix(kOp, "up", up, k, group_size, bits, {n});
   Fallback fallback = [group_size, bits, s](std::vector<array> in) {
     auto g = mx::quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, "affine", s);
     auto u = mx::quantized_matmul(in[0], in[4], in[5], in[6], true, group_size, bits, "affine", s);
@@ -208,7 +139,7 @@ array gather_gate_qmv_silu_mul_op(
     int bits,
     bool fused,
     mx::Stream s) {
-  int k = check_common(x, group_size, bits);
+  int k = check_quant_x(kOp, x, group_size, bits);
   if (!mx::issubdtype(indices.dtype(), mx::integer)) {
     fail("indices must be an integer array");
   }
@@ -223,8 +154,8 @@ array gather_gate_qmv_silu_mul_op(
     fail("expert weights must be stacked [E, N, K * bits / 32], got shape " +
          shape_str(gate[0].shape()));
   }
-  int n = check_matrix("gate", gate, k, group_size, bits, {0, 0});
-  check_matrix("up", up, k, group_size, bits, {gate[0].shape(0), n});
+  int n = check_quant_matrix(kOp, "gate", gate, k, group_size, bits, {0, 0});
+  check_quant_matrix(kOp, "up", up, k, group_size, bits, {gate[0].shape(0), n});
   auto idx = mx::astype(indices, mx::uint32, s);
   Fallback fallback = [group_size, bits, s](std::vector<array> in) {
     // mlx-lm's SwitchGLU: x [..., 1, 1, K] against experts chosen per row.

@@ -3,6 +3,7 @@
 //! `extern "Rust"` entry points use to reach the typed kernels.
 
 pub(crate) mod error;
+pub(crate) mod quant;
 pub(crate) mod simd;
 
 pub(crate) use error::KernelError;

@@ -108,6 +108,16 @@ pub fn dot2(x: &[f32], a: &[f32], b: &[f32]) -> (f32, f32) {
     (portable::dot(x, a), portable::dot(x, b))
 }
 
+/// `[x·w[0], x·w[1], x·w[2], x·w[3]]` reading `x` once (reassociated; FMA allowed).
+pub fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::dot4(x, w) };
+    }
+    w.map(|w| portable::dot(x, w))
+}
+
 /// `x[i] *= s`, elementwise, exact IEEE rounding.
 pub fn scale_in_place(x: &mut [f32], s: f32) {
     #[cfg(target_arch = "x86_64")]
@@ -243,6 +253,34 @@ pub(crate) mod avx2 {
             rb += x[j] * b[j];
         }
         (ra, rb)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+        let n = w.iter().fold(x.len(), |n, w| n.min(w.len()));
+        let px = x.as_ptr();
+        let pw = w.map(|w| w.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: every load reads indices < n, within all five slices.
+        unsafe {
+            while i + 8 <= n {
+                let xv = _mm256_loadu_ps(px.add(i));
+                for (a, p) in acc.iter_mut().zip(pw) {
+                    *a = _mm256_fmadd_ps(xv, _mm256_loadu_ps(p.add(i)), *a);
+                }
+                i += 8;
+            }
+        }
+        let mut out = [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])];
+        for (o, w) in out.iter_mut().zip(w) {
+            *o += x[i..n]
+                .iter()
+                .zip(&w[i..n])
+                .map(|(a, b)| a * b)
+                .sum::<f32>();
+        }
+        out
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -3,12 +3,8 @@
 //!
 //! Rounding follows MLX's unfused graph (two quantized matmuls, then
 //! `silu(g) = g * sigmoid(g)` and the product, each op rounding to T);
-//! the dot products themselves accumulate in f32 with FMA.
-//!
-//! Inputs are rearranged once per call into "block order" so that one
-//! 256-bit load of 8 packed words lines up with 8 consecutive f32 of x:
-//! within a block of 8 words, value `v` of word `j` is stored at
-//! `v * lanes + j` (lanes = 8, or fewer in a short final block).
+//! the dot products themselves accumulate in f32 with FMA. The quantized
+//! dot and dequantize bodies live in `kernels::cpu::quant`.
 
 use rayon::prelude::*;
 
@@ -16,25 +12,16 @@ use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
+pub use crate::kernels::cpu::quant::QuantMatrix;
+use crate::kernels::cpu::quant::{
+    bias_term, dequant, qdot2_scaled, scatter_rows, Layout, PreparedX, QRow, QView,
+};
 use crate::kernels::cpu::simd::{self, Element};
 
 /// Below this many multiply-adds threading costs more than it saves.
 const PAR_MIN_MACS: usize = 1 << 20;
 /// Output rows per rayon task.
 const TILE_N: usize = 16;
-
-/// One quantized `[N, K]` matrix in MLX affine layout.
-#[derive(Clone, Copy, Debug)]
-pub struct QuantMatrix<'a, T> {
-    /// `[N, K * bits / 32]` packed values, lowest bits first.
-    pub w: &'a [u32],
-    /// `[N, K / group_size]`.
-    pub scales: &'a [T],
-    /// `[N, K / group_size]`.
-    pub biases: &'a [T],
-    pub bits: u32,
-    pub group_size: usize,
-}
 
 /// `num_experts` quantized `[N, K]` matrices stacked as `[E, N, ...]`.
 #[derive(Clone, Copy, Debug)]
@@ -57,7 +44,7 @@ pub fn gate_qmv_silu_mul<T: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
-    let lay = Layout::shared(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
+    let lay = shared_layout(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
     let gv = QView::new("gate", gate.w, gate.scales, gate.biases, lay, 1)?;
     let uv = QView::new("up", up.w, up.scales, up.biases, lay, 1)?;
     check_len("x", x.len(), m.checked_mul(k))?;
@@ -91,7 +78,7 @@ pub fn gather_gate_qmv_silu_mul<T: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
-    let lay = Layout::shared(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
+    let lay = shared_layout(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
     if gate.num_experts != up.num_experts {
         return Err(KernelError::Shape(format!(
             "gate has {} experts, up has {}",
@@ -139,177 +126,22 @@ pub fn gather_gate_qmv_silu_mul<T: Element>(
     Ok(())
 }
 
-/// Validated quantisation geometry shared by gate and up.
-#[derive(Clone, Copy, Debug)]
-struct Layout {
-    bits: u32,
-    group_size: usize,
+/// The quantisation geometry of gate and up, which must agree.
+fn shared_layout(
+    gate_bits: u32,
+    gate_group: usize,
+    up_bits: u32,
+    up_group: usize,
     n: usize,
     k: usize,
-    vals_per_word: usize,
-    words_per_row: usize,
-    groups_per_row: usize,
-    /// log2(words per group): groups are powers of two, so a shift suffices.
-    words_per_group_log2: u32,
-}
-
-impl Layout {
-    fn shared(
-        gate_bits: u32,
-        gate_group: usize,
-        up_bits: u32,
-        up_group: usize,
-        n: usize,
-        k: usize,
-    ) -> Result<Self, KernelError> {
-        if (gate_bits, gate_group) != (up_bits, up_group) {
-            return Err(KernelError::Unsupported(format!(
-                "gate ({gate_bits} bits, group {gate_group}) and up ({up_bits} bits, \
-                 group {up_group}) must share quantisation parameters"
-            )));
-        }
-        if !matches!(gate_bits, 4 | 8) {
-            return Err(KernelError::Unsupported(format!(
-                "bits = {gate_bits}, expected 4 or 8"
-            )));
-        }
-        if !matches!(gate_group, 32 | 64 | 128) {
-            return Err(KernelError::Unsupported(format!(
-                "group_size = {gate_group}, expected 32, 64 or 128"
-            )));
-        }
-        if k == 0 || !k.is_multiple_of(gate_group) {
-            return Err(KernelError::Shape(format!(
-                "k = {k} must be a positive multiple of group_size {gate_group}"
-            )));
-        }
-        let vals_per_word = (32 / gate_bits) as usize;
-        Ok(Layout {
-            bits: gate_bits,
-            group_size: gate_group,
-            n,
-            k,
-            vals_per_word,
-            words_per_row: k / vals_per_word,
-            groups_per_row: k / gate_group,
-            words_per_group_log2: (gate_group / vals_per_word).trailing_zeros(),
-        })
+) -> Result<Layout, KernelError> {
+    if (gate_bits, gate_group) != (up_bits, up_group) {
+        return Err(KernelError::Unsupported(format!(
+            "gate ({gate_bits} bits, group {gate_group}) and up ({up_bits} bits, \
+             group {up_group}) must share quantisation parameters"
+        )));
     }
-
-    fn mask(&self) -> u32 {
-        (1u32 << self.bits) - 1
-    }
-
-    fn group_of_word(&self, word: usize) -> usize {
-        word >> self.words_per_group_log2
-    }
-}
-
-/// A validated stack of `mats` quantized matrices.
-#[derive(Clone, Copy)]
-struct QView<'a, T> {
-    w: &'a [u32],
-    scales: &'a [T],
-    biases: &'a [T],
-    lay: Layout,
-}
-
-/// One output row's weights.
-struct QRow<'a, T> {
-    w: &'a [u32],
-    scales: &'a [T],
-    biases: &'a [T],
-}
-
-impl<'a, T: Element> QView<'a, T> {
-    fn new(
-        name: &str,
-        w: &'a [u32],
-        scales: &'a [T],
-        biases: &'a [T],
-        lay: Layout,
-        mats: usize,
-    ) -> Result<Self, KernelError> {
-        let rows = mats.checked_mul(lay.n);
-        check_len(
-            &format!("{name}.w"),
-            w.len(),
-            rows.and_then(|r| r.checked_mul(lay.words_per_row)),
-        )?;
-        let group_len = rows.and_then(|r| r.checked_mul(lay.groups_per_row));
-        check_len(&format!("{name}.scales"), scales.len(), group_len)?;
-        check_len(&format!("{name}.biases"), biases.len(), group_len)?;
-        Ok(QView {
-            w,
-            scales,
-            biases,
-            lay,
-        })
-    }
-
-    fn expert(&self, e: usize) -> Self {
-        let (n, wpr, gpr) = (self.lay.n, self.lay.words_per_row, self.lay.groups_per_row);
-        QView {
-            w: &self.w[e * n * wpr..][..n * wpr],
-            scales: &self.scales[e * n * gpr..][..n * gpr],
-            biases: &self.biases[e * n * gpr..][..n * gpr],
-            lay: self.lay,
-        }
-    }
-
-    fn row(&self, r: usize) -> QRow<'a, T> {
-        let (wpr, gpr) = (self.lay.words_per_row, self.lay.groups_per_row);
-        QRow {
-            w: &self.w[r * wpr..][..wpr],
-            scales: &self.scales[r * gpr..][..gpr],
-            biases: &self.biases[r * gpr..][..gpr],
-        }
-    }
-}
-
-/// x rows converted to f32 in block order, plus per-group sums of x
-/// (the bias contribution is `bias * sum(x over the group)`).
-struct PreparedX {
-    perm: Vec<f32>,
-    group_sums: Vec<f32>,
-    rows: usize,
-}
-
-impl PreparedX {
-    fn new<'x, T: Element>(rows: impl Iterator<Item = &'x [T]>, lay: &Layout) -> Self {
-        let k = lay.k;
-        let mut natural = vec![0.0f32; k];
-        let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        for row in rows {
-            T::load_f32(row, &mut natural);
-            group_sums.extend(
-                natural
-                    .chunks_exact(lay.group_size)
-                    .map(|g| g.iter().sum::<f32>()),
-            );
-            let start = perm.len();
-            perm.resize(start + k, 0.0);
-            to_block_order(&natural, &mut perm[start..], lay.vals_per_word);
-            count += 1;
-        }
-        PreparedX {
-            perm,
-            group_sums,
-            rows: count,
-        }
-    }
-}
-
-fn to_block_order(src: &[f32], dst: &mut [f32], vals_per_word: usize) {
-    let block = 8 * vals_per_word;
-    for (s, d) in src.chunks(block).zip(dst.chunks_mut(block)) {
-        let lanes = s.len() / vals_per_word;
-        for j in 0..lanes {
-            for v in 0..vals_per_word {
-                d[v * lanes + j] = s[j * vals_per_word + v];
-            }
-        }
-    }
+    Layout::new(gate_bits, gate_group, n, k)
 }
 
 /// Fills `dst` (`[n][m]`, transposed) with the activated outputs.
@@ -350,21 +182,6 @@ fn project_rows<T: Element>(px: &PreparedX, gate: &QView<T>, up: &QView<T>, dst:
     }
 }
 
-/// Writes transposed `tmp` (`[n][m]`) into rows `dst_row(r)` of `out` (`[.., n]`).
-fn scatter_rows<T: Element>(
-    tmp: &[T],
-    out: &mut [T],
-    m: usize,
-    n: usize,
-    dst_row: impl Fn(usize) -> usize,
-) {
-    for (j, col) in tmp.chunks_exact(m).enumerate() {
-        for (r, &v) in col.iter().enumerate() {
-            out[dst_row(r) * n + j] = v;
-        }
-    }
-}
-
 /// MLX's unfused rounding: g, u, sigmoid(g), g*sigmoid(g) and the product
 /// each land in T.
 fn swiglu<T: Element>(g: f32, u: f32) -> T {
@@ -389,182 +206,6 @@ fn qdot2<T: Element>(
         dg + bias_term(g.biases, sums),
         du + bias_term(u.biases, sums),
     )
-}
-
-fn qdot2_scaled<T: Element>(
-    g: &QRow<T>,
-    u: &QRow<T>,
-    xp: &[f32],
-    lay: &Layout,
-    avx: bool,
-) -> (f32, f32) {
-    #[cfg(target_arch = "x86_64")]
-    if avx {
-        // SAFETY: `avx` comes from runtime detection of AVX2 and FMA.
-        return unsafe {
-            if lay.bits == 4 {
-                x86::qdot2::<T, 4>(g, u, xp, lay)
-            } else {
-                x86::qdot2::<T, 8>(g, u, xp, lay)
-            }
-        };
-    }
-    let _ = avx;
-    (qdot_scalar(g, xp, lay, 0), qdot_scalar(u, xp, lay, 0))
-}
-
-fn bias_term<T: Element>(biases: &[T], sums: &[f32]) -> f32 {
-    biases.iter().zip(sums).map(|(b, s)| b.to_f32() * s).sum()
-}
-
-/// `Σ scale * (x·q)` over the blocks from `first_block` on (no bias).
-fn qdot_scalar<T: Element>(row: &QRow<T>, xp: &[f32], lay: &Layout, first_block: usize) -> f32 {
-    let (vpw, mask, bits) = (lay.vals_per_word, lay.mask(), lay.bits as usize);
-    let words = &row.w[first_block * 8..];
-    let xs = &xp[first_block * 8 * vpw..];
-    let mut acc = 0.0f32;
-    for (b, (wb, xb)) in words.chunks(8).zip(xs.chunks(8 * vpw)).enumerate() {
-        let lanes = wb.len();
-        for (j, &word) in wb.iter().enumerate() {
-            let mut d = 0.0f32;
-            for v in 0..vpw {
-                d += xb[v * lanes + j] * ((word >> (bits * v)) & mask) as f32;
-            }
-            let group = lay.group_of_word((first_block + b) * 8 + j);
-            acc += row.scales[group].to_f32() * d;
-        }
-    }
-    acc
-}
-
-/// Dequantizes one weight row to f32 in block order.
-fn dequant<T: Element>(row: &QRow<T>, lay: &Layout, dst: &mut [f32], avx: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if avx {
-        // SAFETY: `avx` comes from runtime detection of AVX2 and FMA.
-        return unsafe {
-            if lay.bits == 4 {
-                x86::dequant::<T, 4>(row, lay, dst)
-            } else {
-                x86::dequant::<T, 8>(row, lay, dst)
-            }
-        };
-    }
-    let _ = avx;
-    dequant_scalar(row, lay, 0, dst);
-}
-
-fn dequant_scalar<T: Element>(row: &QRow<T>, lay: &Layout, first_block: usize, dst: &mut [f32]) {
-    let (vpw, mask, bits) = (lay.vals_per_word, lay.mask(), lay.bits as usize);
-    let words = &row.w[first_block * 8..];
-    let out = &mut dst[first_block * 8 * vpw..];
-    for (b, (wb, ob)) in words.chunks(8).zip(out.chunks_mut(8 * vpw)).enumerate() {
-        let lanes = wb.len();
-        for (j, &word) in wb.iter().enumerate() {
-            let group = lay.group_of_word((first_block + b) * 8 + j);
-            let (s, z) = (row.scales[group].to_f32(), row.biases[group].to_f32());
-            for v in 0..vpw {
-                ob[v * lanes + j] = s * ((word >> (bits * v)) & mask) as f32 + z;
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{dequant_scalar, qdot_scalar, Layout, QRow};
-    use crate::kernels::cpu::simd::{avx2::hsum, Element};
-    use std::arch::x86_64::*;
-
-    /// Per-lane group parameter for block `b`: a block of 8 words spans at
-    /// most two groups (4-bit, group 32), split between lanes 3 and 4.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn lane_params<T: Element>(params: &[T], lay: &Layout, b: usize) -> __m256 {
-        let (g0, g1) = (lay.group_of_word(b * 8), lay.group_of_word(b * 8 + 7));
-        let lo = params[g0].to_f32();
-        if g0 == g1 {
-            _mm256_set1_ps(lo)
-        } else {
-            _mm256_setr_m128(_mm_set1_ps(lo), _mm_set1_ps(params[g1].to_f32()))
-        }
-    }
-
-    /// Unpacked value `v` of each of the 8 words, as f32.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn unpack<const BITS: u32>(w: __m256i, v: usize) -> __m256 {
-        let shift = _mm256_set1_epi32((BITS as usize * v) as i32);
-        let mask = _mm256_set1_epi32(((1u32 << BITS) - 1) as i32);
-        _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(w, shift), mask))
-    }
-
-    /// # Safety
-    /// Needs AVX2+FMA; `xp` must hold `lay.k` values and rows `lay.words_per_row` words.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn qdot2<T: Element, const BITS: u32>(
-        g: &QRow<T>,
-        u: &QRow<T>,
-        xp: &[f32],
-        lay: &Layout,
-    ) -> (f32, f32) {
-        let vpw = (32 / BITS) as usize;
-        let full = lay.words_per_row / 8;
-        assert!(g.w.len() >= full * 8 && u.w.len() >= full * 8 && xp.len() >= full * 8 * vpw);
-        let (mut acc_g, mut acc_u) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..full {
-            // SAFETY: the assert above bounds every block's loads.
-            let (wg, wu, xb) = unsafe {
-                (
-                    _mm256_loadu_si256(g.w.as_ptr().add(b * 8).cast()),
-                    _mm256_loadu_si256(u.w.as_ptr().add(b * 8).cast()),
-                    xp.as_ptr().add(b * 8 * vpw),
-                )
-            };
-            // Two partial sums per projection hide FMA latency.
-            let mut pg = [_mm256_setzero_ps(); 2];
-            let mut pu = [_mm256_setzero_ps(); 2];
-            for v in 0..vpw {
-                // SAFETY: v < vpw keeps the load inside this block of xp.
-                let x = unsafe { _mm256_loadu_ps(xb.add(8 * v)) };
-                pg[v & 1] = _mm256_fmadd_ps(unpack::<BITS>(wg, v), x, pg[v & 1]);
-                pu[v & 1] = _mm256_fmadd_ps(unpack::<BITS>(wu, v), x, pu[v & 1]);
-            }
-            let sg = lane_params(g.scales, lay, b);
-            let su = lane_params(u.scales, lay, b);
-            acc_g = _mm256_fmadd_ps(_mm256_add_ps(pg[0], pg[1]), sg, acc_g);
-            acc_u = _mm256_fmadd_ps(_mm256_add_ps(pu[0], pu[1]), su, acc_u);
-        }
-        (
-            hsum(acc_g) + qdot_scalar(g, xp, lay, full),
-            hsum(acc_u) + qdot_scalar(u, xp, lay, full),
-        )
-    }
-
-    /// # Safety
-    /// Needs AVX2+FMA; `dst` must hold `lay.k` values and the row `lay.words_per_row` words.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dequant<T: Element, const BITS: u32>(
-        row: &QRow<T>,
-        lay: &Layout,
-        dst: &mut [f32],
-    ) {
-        let vpw = (32 / BITS) as usize;
-        let full = lay.words_per_row / 8;
-        assert!(row.w.len() >= full * 8 && dst.len() >= full * 8 * vpw);
-        for b in 0..full {
-            // SAFETY: the assert above bounds the load.
-            let w = unsafe { _mm256_loadu_si256(row.w.as_ptr().add(b * 8).cast()) };
-            let s = lane_params(row.scales, lay, b);
-            let z = lane_params(row.biases, lay, b);
-            for v in 0..vpw {
-                let val = _mm256_fmadd_ps(unpack::<BITS>(w, v), s, z);
-                // SAFETY: the assert above bounds the store.
-                unsafe { _mm256_storeu_ps(dst.as_mut_ptr().add((b * vpw + v) * 8), val) };
-            }
-        }
-        dequant_scalar(row, lay, full, dst);
-    }
 }
 
 /// Entry point from C++ (dense `GateQmvSiluMulPrimitive`); all arrays dense.
@@ -811,7 +452,7 @@ mod tests {
     fn scalar_and_simd_paths_agree() {
         let mut rng = Rng::new(77);
         for (bits, group, k) in [(4, 32, 96), (4, 64, 256), (8, 128, 256)] {
-            let lay = Layout::shared(bits, group, bits, group, 1, k).unwrap();
+            let lay = shared_layout(bits, group, bits, group, 1, k).unwrap();
             let g = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
             let u = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
             let x: Vec<f32> = rng.elems(k, 1.0);

@@ -1,0 +1,83 @@
+//! Decode speed of the default model (SmolLM2-135M-Instruct Q4_1 GGUF):
+//! prefill 32 tokens, then 32 greedy decode steps, with the custom
+//! `quantized_matmul` kernel on and off, in the file's dtype and in f32.
+//!
+//! `cargo run --release --example bench_decode [path.gguf] [file|f32] [on|off]`
+//! (the optional arguments run one dtype / one kernel setting only).
+
+use mlx_backend::kernels::{registry, Kernel};
+use mlx_backend::model::{self, LoadOptions, Logits, Transformer};
+use mlx_backend::{Array, Dtype};
+use std::path::PathBuf;
+use std::time::Instant;
+
+const PREFILL: usize = 32;
+const DECODE: usize = 32;
+
+fn default_path() -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_default();
+    PathBuf::from(home).join(".cache/mlx-backend/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn next_token(logits: &Array) -> anyhow::Result<u32> {
+    Ok(logits.argmax(-1, false)?.reshape(&[-1])?.to_vec::<u32>()?[0])
+}
+
+/// (prefill ms, decode ms/token, generated tokens).
+fn run(m: &Transformer, prompt: &[u32]) -> anyhow::Result<(f64, f64, Vec<u32>)> {
+    let mut caches = m.new_caches(256);
+    let t = Instant::now();
+    let x = Array::from_slice(prompt, &[1, prompt.len() as i32])?;
+    let mut next = next_token(&m.forward(&x, &mut caches, Logits::Last)?)?;
+    let prefill = t.elapsed().as_secs_f64() * 1e3;
+    let mut out = vec![next];
+    let t = Instant::now();
+    for _ in 0..DECODE {
+        let x = Array::from_slice(&[next], &[1, 1])?;
+        next = next_token(&m.forward(&x, &mut caches, Logits::Last)?)?;
+        out.push(next);
+    }
+    let decode = t.elapsed().as_secs_f64() * 1e3 / DECODE as f64;
+    Ok((prefill, decode, out))
+}
+
+fn main() -> anyhow::Result<()> {
+    let path = std::env::args()
+        .nth(1)
+        .map_or_else(default_path, PathBuf::from);
+    // A fixed, deterministic prompt of PREFILL token ids.
+    let prompt: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + 37 * i).collect();
+    let only = std::env::args().nth(2);
+    for dtype in [None, Some(Dtype::F32)] {
+        let name = if dtype.is_some() { "f32" } else { "file" };
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let opts = LoadOptions {
+            dtype,
+            ..LoadOptions::default()
+        };
+        let loaded = model::load(&path, &opts)?;
+        let m = &loaded.model;
+        let mut reference: Option<Vec<u32>> = None;
+        let only_kernel = std::env::args().nth(3);
+        for on in [true, false] {
+            if only_kernel.as_deref().is_some_and(|o| (o == "on") != on) {
+                continue;
+            }
+            registry::set_enabled(Kernel::QuantizedMatmul, on);
+            run(m, &prompt)?; // warm up
+            let (prefill, decode, tokens) = run(m, &prompt)?;
+            let same = reference.get_or_insert_with(|| tokens.clone()) == &tokens;
+            println!(
+                "dtype {:>4} quantized_matmul {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
+                 decode {decode:7.1} ms/token ({:5.1} tok/s), tokens same as kernel-on: {same}",
+                format!("{}", m.dtype()),
+                if on { "on" } else { "off" },
+                1e3 / decode,
+            );
+        }
+    }
+    registry::set_enabled(Kernel::QuantizedMatmul, true);
+    Ok(())
+}

@@ -1,0 +1,360 @@
+//! `y = x·Wᵀ` on an MLX affine-quantized `W [n, k]`, accumulated in f32 and
+//! rounded to T once.
+//!
+//! One x row (decode): weight rows are unpacked in registers two at a time
+//! and dotted with x in block order (`quant::qdot2_scaled`); the biases
+//! contribute `bias · Σx` per group. Several x rows (prefill): a tile of
+//! `TILE_N` weight rows is dequantized to f32 once and reused for every x
+//! row, four weight rows per pass over x (`simd::dot4`). Both paths split
+//! the output rows into tiles over rayon when the work is large enough.
+
+use rayon::prelude::*;
+
+use crate::kernels::cpu::error::{check_len, KernelError};
+use crate::kernels::cpu::quant::{
+    bias_term, dequant, qdot2_scaled, scatter_rows, Layout, PreparedX, QView,
+};
+use crate::kernels::cpu::simd::{self, Element};
+use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::registry::Kernel;
+
+pub use crate::kernels::cpu::quant::QuantMatrix;
+
+/// Below this many multiply-adds threading costs more than it saves.
+const PAR_MIN_MACS: usize = 1 << 19;
+/// Weight rows per tile (one rayon task; dequantized once in the tiled path).
+const TILE_N: usize = 16;
+
+/// `x` is `[m, k]`, `out` is `[m, n]`, both row-major, of element type
+/// `T`; the scales and biases are `P` (T itself, or f16/bf16 with f32 x).
+pub fn quantized_matmul<T: Element, P: Element>(
+    x: &[T],
+    w: QuantMatrix<P>,
+    out: &mut [T],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    let lay = Layout::new(w.bits, w.group_size, n, k)?;
+    let wv = QView::new("w", w.w, w.scales, w.biases, lay, 1)?;
+    check_len("x", x.len(), m.checked_mul(k))?;
+    check_len("out", out.len(), m.checked_mul(n))?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let px = PreparedX::new(x.chunks_exact(k), &lay);
+    let parallel = m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS;
+    if m == 1 {
+        for_tiles(
+            out,
+            TILE_N,
+            parallel,
+            || (),
+            |first, chunk, _| matvec_tile(&px, &wv, first, chunk),
+        );
+    } else {
+        let mut tmp = vec![T::from_f32(0.0); n * m];
+        let new_buf = || vec![0.0f32; TILE_N * k];
+        for_tiles(
+            &mut tmp,
+            TILE_N * m,
+            parallel,
+            new_buf,
+            |first, chunk, buf| tiled(&px, &wv, first, chunk, buf),
+        );
+        scatter_rows(&tmp, out, m, n, |r| r);
+    }
+    Ok(())
+}
+
+/// Runs `body(first_row, chunk, scratch)` over `dst` in chunks of
+/// `chunk_len`, chunk `c` starting at output row `c * TILE_N`.
+fn for_tiles<T: Send, B>(
+    dst: &mut [T],
+    chunk_len: usize,
+    parallel: bool,
+    init: impl Fn() -> B + Sync + Send,
+    body: impl Fn(usize, &mut [T], &mut B) + Sync + Send,
+) {
+    if parallel {
+        dst.par_chunks_mut(chunk_len)
+            .enumerate()
+            .for_each_init(&init, |buf, (c, chunk)| body(c * TILE_N, chunk, buf));
+    } else {
+        let mut buf = init();
+        for (c, chunk) in dst.chunks_mut(chunk_len).enumerate() {
+            body(c * TILE_N, chunk, &mut buf);
+        }
+    }
+}
+
+/// Output rows `first..first + dst.len()` for the single x row.
+fn matvec_tile<T: Element, P: Element>(px: &PreparedX, w: &QView<P>, first: usize, dst: &mut [T]) {
+    let lay = &w.lay;
+    let avx = simd::has_avx2_fma();
+    let finish = |d: f32, r: usize| T::from_f32(d + bias_term(w.row(r).biases, &px.group_sums));
+    let mut pairs = dst.chunks_exact_mut(2);
+    let mut r = first;
+    for pair in &mut pairs {
+        let (a, b) = qdot2_scaled(&w.row(r), &w.row(r + 1), &px.perm, lay, avx);
+        pair[0] = finish(a, r);
+        pair[1] = finish(b, r + 1);
+        r += 2;
+    }
+    if let [last] = pairs.into_remainder() {
+        let row = w.row(r);
+        let (a, _) = qdot2_scaled(&row, &row, &px.perm, lay, avx);
+        *last = finish(a, r);
+    }
+}
+
+/// Output rows `first..` (`dst` is `[rows][m]`, transposed) for every x
+/// row, from the tile's weight rows dequantized once into `buf`.
+fn tiled<T: Element, P: Element>(
+    px: &PreparedX,
+    w: &QView<P>,
+    first: usize,
+    dst: &mut [T],
+    buf: &mut [f32],
+) {
+    let (m, k) = (px.rows, w.lay.k);
+    let rows = dst.len() / m;
+    let avx = simd::has_avx2_fma();
+    for (i, dq) in buf.chunks_exact_mut(k).take(rows).enumerate() {
+        dequant(&w.row(first + i), &w.lay, dq, avx);
+    }
+    for r0 in (0..rows).step_by(4) {
+        // A short final group repeats its last row; the extra sums are dropped.
+        let idx = [0, 1, 2, 3].map(|j| (r0 + j).min(rows - 1));
+        let wrows = idx.map(|r| &buf[r * k..][..k]);
+        for (i, xr) in px.perm.chunks_exact(k).enumerate() {
+            let d = simd::dot4(xr, wrows);
+            for (j, v) in d.iter().enumerate().take(rows - r0) {
+                dst[(r0 + j) * m + i] = T::from_f32(*v);
+            }
+        }
+    }
+}
+
+/// Entry point from C++ (`QuantizedMatmulPrimitive`); all arrays dense.
+/// `dtype` is x's (and out's), `params_dtype` that of scales and biases.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn quantized_matmul_cpu(
+    dtype: i32,
+    params_dtype: i32,
+    x: &[u8],
+    w: &[u32],
+    scales: &[u8],
+    biases: &[u8],
+    bits: u32,
+    group_size: usize,
+    out: &mut [u8],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> bool {
+    run_entry(Kernel::QuantizedMatmul, || {
+        let (xk, pk) = (
+            FloatKind::from_code(dtype)?,
+            FloatKind::from_code(params_dtype)?,
+        );
+        if xk != pk && xk != FloatKind::F32 {
+            return Err(KernelError::Unsupported(format!(
+                "x {xk:?} with scales {pk:?}: mixed dtypes need f32 x"
+            )));
+        }
+        with_float!(xk, T => with_float!(pk, P => {
+            let q = QuantMatrix::<P> {
+                w,
+                scales: typed(scales)?,
+                biases: typed(biases)?,
+                bits,
+                group_size,
+            };
+            quantized_matmul::<T, P>(typed(x)?, q, typed_mut(out)?, m, n, k)
+        }))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::simd::test_util::{tol_eps, Rng};
+    use half::{bf16, f16};
+
+    struct Owned<T> {
+        w: Vec<u32>,
+        scales: Vec<T>,
+        biases: Vec<T>,
+        bits: u32,
+        group_size: usize,
+    }
+
+    impl<T: Element> Owned<T> {
+        fn random(rng: &mut Rng, n: usize, k: usize, bits: u32, group_size: usize) -> Self {
+            let max_q = ((1u32 << bits) - 1) as f32;
+            Owned {
+                w: (0..n * k * bits as usize / 32)
+                    .map(|_| rng.next_u32())
+                    .collect(),
+                scales: rng.elems(n * k / group_size, 0.3 / max_q),
+                biases: rng.elems(n * k / group_size, 0.15),
+                bits,
+                group_size,
+            }
+        }
+        fn matrix(&self) -> QuantMatrix<'_, T> {
+            QuantMatrix {
+                w: &self.w,
+                scales: &self.scales,
+                biases: &self.biases,
+                bits: self.bits,
+                group_size: self.group_size,
+            }
+        }
+        /// `W[row, col]` straight from the documented formula.
+        fn weight(&self, row: usize, col: usize, k: usize) -> f64 {
+            let bits = self.bits as usize;
+            let word = self.w[row * k * bits / 32 + col * bits / 32];
+            let q = (word >> (bits * (col % (32 / bits)))) & ((1 << bits) - 1);
+            let gi = row * (k / self.group_size) + col / self.group_size;
+            self.scales[gi].to_f32() as f64 * q as f64 + self.biases[gi].to_f32() as f64
+        }
+    }
+
+    fn case<T: Element>(rng: &mut Rng, m: usize, n: usize, k: usize, bits: u32, group: usize) {
+        case_mixed::<T, T>(rng, m, n, k, bits, group);
+    }
+
+    fn case_mixed<T: Element, P: Element>(
+        rng: &mut Rng,
+        m: usize,
+        n: usize,
+        k: usize,
+        bits: u32,
+        group: usize,
+    ) {
+        let w = Owned::<P>::random(rng, n, k, bits, group);
+        let x: Vec<T> = rng.elems(m * k, 1.0);
+        let mut out = vec![T::from_f32(f32::NAN); m * n];
+        quantized_matmul(&x, w.matrix(), &mut out, m, n, k).unwrap();
+        let want: Vec<f64> = (0..m * n)
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                (0..k)
+                    .map(|j| x[r * k + j].to_f32() as f64 * w.weight(c, j, k))
+                    .sum()
+            })
+            .collect();
+        let typical = want.iter().map(|v| v.abs()).sum::<f64>() / want.len() as f64;
+        let eps = tol_eps::<T>() as f64;
+        for (i, (g, w)) in out.iter().zip(&want).enumerate() {
+            let g = g.to_f32() as f64;
+            let tol = eps * w.abs() + 1e-4 * typical;
+            assert!(
+                (g - w).abs() <= tol,
+                "m={m} n={n} k={k} bits={bits} g={group}: index {i}: got {g}, want {w}"
+            );
+        }
+    }
+
+    fn all<T: Element>() {
+        let mut rng = Rng::new(0x9a7e_0002);
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for m in [1, 2, 7] {
+                    case::<T>(&mut rng, m, 37, 256, bits, group);
+                }
+            }
+            // k = 96 leaves a short final block for 4-bit, group 32.
+            case::<T>(&mut rng, 1, 19, 96, bits, 32);
+            case::<T>(&mut rng, 3, 19, 96, bits, 32);
+        }
+        // Large enough for the rayon path, both branches.
+        case::<T>(&mut rng, 1, 1101, 1024, 4, 64);
+        case::<T>(&mut rng, 9, 301, 1024, 8, 128);
+    }
+
+    #[test]
+    fn matches_reference_f32() {
+        all::<f32>();
+    }
+
+    #[test]
+    fn matches_reference_f16() {
+        all::<f16>();
+    }
+
+    #[test]
+    fn matches_reference_bf16() {
+        all::<bf16>();
+    }
+
+    #[test]
+    fn f32_x_with_half_scales() {
+        let mut rng = Rng::new(0x31);
+        for m in [1, 6] {
+            case_mixed::<f32, f16>(&mut rng, m, 37, 256, 4, 32);
+            case_mixed::<f32, bf16>(&mut rng, m, 37, 256, 8, 64);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_arguments() {
+        let mut rng = Rng::new(9);
+        let (n, k) = (4, 128);
+        let q = Owned::<f32>::random(&mut rng, n, k, 4, 64);
+        let x: Vec<f32> = rng.elems(2 * k, 1.0);
+        let mut out = vec![0.0f32; 2 * n];
+        assert!(quantized_matmul(&x, q.matrix(), &mut out, 2, n, k).is_ok());
+        assert!(quantized_matmul(&x[1..], q.matrix(), &mut out, 2, n, k).is_err());
+        assert!(quantized_matmul(&x, q.matrix(), &mut out[1..], 2, n, k).is_err());
+        let bad_bits = QuantMatrix {
+            bits: 3,
+            ..q.matrix()
+        };
+        assert!(matches!(
+            quantized_matmul(&x, bad_bits, &mut out, 2, n, k),
+            Err(KernelError::Unsupported(_))
+        ));
+        let short = QuantMatrix {
+            biases: &q.biases[1..],
+            ..q.matrix()
+        };
+        assert!(quantized_matmul(&x, short, &mut out, 2, n, k).is_err());
+        assert!(quantized_matmul(&x[..96], q.matrix(), &mut out[..n], 1, n, 96).is_err());
+    }
+
+    /// Raw kernel speed without MLX:
+    /// `cargo test --release --lib -- --ignored --nocapture bench_quantized_matmul`
+    #[test]
+    #[ignore]
+    fn bench_quantized_matmul() {
+        let mut rng = Rng::new(1);
+        for (m, k, n, bits) in [
+            (1, 576, 576, 4),
+            (1, 576, 1536, 4),
+            (1, 1536, 576, 4),
+            (1, 576, 49152, 8),
+            (128, 576, 1536, 4),
+        ] {
+            let w = Owned::<f32>::random(&mut rng, n, k, bits, 32);
+            let x: Vec<f32> = rng.elems(m * k, 1.0);
+            let mut out = vec![0.0f32; m * n];
+            let mut run = || quantized_matmul(&x, w.matrix(), &mut out, m, n, k).unwrap();
+            run();
+            let iters = (1_000_000_000 / (m * n * k)).clamp(3, 3000);
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                run();
+            }
+            let secs = t.elapsed().as_secs_f64() / iters as f64;
+            let bytes = w.w.len() * 4 + w.scales.len() * 8;
+            println!(
+                "{m}x{k}->{n} {bits}-bit: {:.1} us, {:.2} GB/s",
+                secs * 1e6,
+                bytes as f64 / secs / 1e9
+            );
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! quantized_matmul: `y = x·Wᵀ` on MLX affine-quantized weights (what
+//! MLX's `quantized_matmul(x, w, scales, biases, transpose=true)` computes),
+//! accumulated in f32 and rounded once to x's dtype.
+//!
+//! Contract: `x [..., K]` float; `w` a [`Quantized`] matrix
+//! `[N, K·bits/32]` with `bits` 2, 3, 4, 5, 6 or 8 and `group_size` 32, 64
+//! or 128 dividing K; scales and biases `[N, K/group_size]`. Output
+//! `[..., N]` in x's dtype.
+//!
+//! Eligibility for the CPU kernel: a CPU stream; x, scales and biases of one
+//! dtype (f16/bf16/f32), or f32 x with f16/bf16 scales and biases (the
+//! result is then f32, as MLX promotes); 4 or 8 bits. Otherwise the op
+//! builds MLX's `quantized_matmul`.
+
+pub(crate) mod cpu;
+
+use super::registry::{FallbackReason, Kernel};
+use super::{build, on_cpu, QuantSpec, WarmupSpec};
+use crate::array::{list, Array};
+use crate::dtype::Dtype;
+use crate::error::OpError;
+use crate::ffi;
+use crate::ops::{stream, Quantized};
+
+/// On by default: see README.md, "Kernels", for the benchmark.
+pub(crate) const DEFAULT_ENABLED: bool = true;
+
+fn eligibility(x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
+    if !on_cpu() {
+        return Err(FallbackReason::NoKernelForDevice);
+    }
+    let (dt, pt) = (x.dtype(), w.scales.dtype());
+    let float = |t: Dtype| matches!(t, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+    if !float(dt) || !float(pt) || w.biases.dtype() != pt || (pt != dt && dt != Dtype::F32) {
+        return Err(FallbackReason::UnsupportedDtype);
+    }
+    if !matches!(w.bits, 4 | 8) {
+        return Err(FallbackReason::UnsupportedQuantization);
+    }
+    Ok(())
+}
+
+/// `x·wᵀ`, `[..., K] → [..., N]`, in x's dtype promoted with the scales'.
+pub fn quantized_matmul(x: &Array, w: &Quantized) -> Result<Array, OpError> {
+    build(Kernel::QuantizedMatmul, eligibility(x, w), |fused| {
+        ffi::kernel_quantized_matmul(
+            x.inner(),
+            &list(&[&w.weight, &w.scales, &w.biases]),
+            w.group_size,
+            w.bits,
+            fused,
+            stream(),
+        )
+        .map(Array::from_raw)
+        .map_err(OpError::from_cxx("quantized_matmul"))
+    })
+}
+
+/// Warmup inputs: each `(K, N)` projection at decode (1 row) and, when
+/// `prefill_rows > 1`, at prefill shape.
+pub(crate) fn warmup_specs(
+    projections: &[(i32, i32)],
+    prefill_rows: i32,
+    quant: QuantSpec,
+    dtypes: &[Dtype],
+) -> Vec<WarmupSpec> {
+    let rows: &[i32] = if prefill_rows > 1 {
+        &[1, prefill_rows]
+    } else {
+        &[1]
+    };
+    let mut specs = Vec::new();
+    for &dtype in dtypes {
+        for &(k, n) in projections {
+            for &r in rows {
+                specs.push(WarmupSpec {
+                    kernel: Kernel::QuantizedMatmul,
+                    dtype,
+                    shape: vec![r, k, n],
+                    quant: Some(quant),
+                });
+            }
+        }
+    }
+    specs
+}
+
+/// Shape `[rows, K, N]`.
+pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, OpError> {
+    let quant = spec.quant.unwrap_or(QuantSpec {
+        bits: 4,
+        group_size: 64,
+    });
+    let (rows, k, n) = (spec.shape[0], spec.shape[1], spec.shape[2]);
+    let normal = |shape: &[i32], scale: f32| {
+        crate::ops::random::normal(shape, spec.dtype, 0.0, scale, Some(key))
+    };
+    let x = normal(&[rows, k], 1.0)?;
+    let w = crate::ops::quantize(&normal(&[n, k], 0.05)?, quant.group_size, quant.bits)?;
+    Ok(vec![quantized_matmul(&x, &w)?])
+}
