@@ -258,8 +258,12 @@ fn main() {
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads)
         .build_global();
-    let mut runner = MlxModelRunner::load(&path, &LoadOptions::default(), RunnerConfig::default())
-        .expect("load");
+    let mut runner = MlxModelRunner::load(
+        &path,
+        &LoadOptions::for_device(mlx_backend::Stream::current().device()),
+        RunnerConfig::default(),
+    )
+    .expect("load");
     let ours = bench_ours(&mut runner, &a);
     let mut peers: Vec<(&str, Results)> = Vec::new();
     if a.peers && path.extension().is_some_and(|e| e == "gguf") {

@@ -95,7 +95,11 @@ fn main() {
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let path = fetch::resolve(args.model.as_deref())?;
     let (tok, template) = tokenizer::for_model(&path)?;
-    let mut runner = MlxModelRunner::load(&path, &LoadOptions::default(), RunnerConfig::default())?;
+    let mut runner = MlxModelRunner::load(
+        &path,
+        &LoadOptions::for_device(mlx_backend::Stream::current().device()),
+        RunnerConfig::default(),
+    )?;
     let info = runner.info();
 
     let prompt_text = match (&template, args.chat_template) {

@@ -56,8 +56,17 @@ fn greedy_chat_matches_mlx_lm_and_llama_cpp() {
         return;
     };
     let g = goldens();
-    let loaded = model::load(&path, &LoadOptions::default()).unwrap();
-    let m = &loaded.model;
+    // The checkpoint's own dtypes (as mlx-lm runs it) and the CPU's f32 load.
+    for options in [
+        LoadOptions::default(),
+        LoadOptions::for_device(mlx_backend::Device::Cpu),
+    ] {
+        let loaded = model::load(&path, &options).unwrap();
+        check_greedy(&loaded.model, &g);
+    }
+}
+
+fn check_greedy(m: &model::Transformer, g: &serde_json::Value) {
     for (prompt, mlx, llama) in [
         (
             &g["chat"]["prompt_token_ids"],

@@ -37,6 +37,18 @@ pub struct LoadOptions {
     pub quantize: Option<(i32, i32)>,
 }
 
+impl LoadOptions {
+    /// What runs fastest on `device`: on the CPU, floating tensors in f32
+    /// (MLX's CPU half-precision ops convert element by element, and f32 is
+    /// at least as accurate); on a GPU, the checkpoint's own dtypes.
+    pub fn for_device(device: crate::Device) -> LoadOptions {
+        LoadOptions {
+            dtype: (device == crate::Device::Cpu).then_some(Dtype::F32),
+            quantize: None,
+        }
+    }
+}
+
 /// Where a model came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelFormat {
