@@ -70,9 +70,11 @@ fn cases() -> Vec<Case> {
         let s = normal(&shape[..3], 0.0, 1.0, 4);
         let (y2, s2) = (y.clone(), s.clone());
         let elems = (shape.iter().product::<i32>()) as f64;
+        let (top_k, hidden) = (shape[2] as f64, shape[3] as f64);
         cases.push(Case {
             name: format!("moe_combine {shape:?}"),
-            bytes: (elems + elems / 4.0 + elems / 4.0) * sz,
+            // y read, scores read, out written.
+            bytes: (elems + elems / hidden + elems / top_k) * sz,
             kernel: with_kernel(Kernel::MoeCombine, true, move || {
                 moe_combine(&y, &s).unwrap()
             }),
@@ -237,6 +239,71 @@ fn bench(c: &mut Criterion) {
     for k in Kernel::ALL {
         registry::set_enabled(k, true);
     }
+    decode_overhead();
+}
+
+/// Median µs of `n` timed calls of `f`, each timed alone.
+fn median_us(n: usize, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[n / 2]
+}
+
+/// Where a decode-sized call's time goes: building the graph (Rust → C++ →
+/// Primitive) without evaluating it, evaluating graphs built beforehand,
+/// and, as MLX's floor, evaluating a one-node graph (`abs`).
+fn decode_overhead() {
+    const N: usize = 2000;
+    let x = normal(&[1, 576], 0.0, 1.0, 11);
+    let w = normal(&[576], 1.0, 0.1, 12);
+    let build_kernel = || rms_norm(&x, &w, 1e-5).unwrap();
+    let build_mlx = || x.rms_norm_mlx(Some(&w), 1e-5).unwrap();
+    let build_abs = || x.abs().unwrap();
+    let eval_prebuilt = |make: &dyn Fn() -> Array| {
+        let graphs: Vec<Array> = (0..N).map(|_| make()).collect();
+        let mut it = graphs.iter();
+        median_us(N, || it.next().unwrap().eval().unwrap())
+    };
+    println!("\nrms_norm 1x576, where the time goes (median µs per call, {N} calls):");
+    println!("| path | build only | eval only (pre-built) | build + eval |\n|---|---:|---:|---:|");
+    let rows: [(&str, &dyn Fn() -> Array); 3] = [
+        ("kernel", &build_kernel),
+        ("MLX fast::rms_norm", &build_mlx),
+        ("one-node MLX op (abs)", &build_abs),
+    ];
+    for (name, make) in rows {
+        make().eval().unwrap();
+        let build = median_us(N, || drop(make()));
+        let eval = eval_prebuilt(make);
+        let both = median_us(N, || make().eval().unwrap());
+        println!("| {name} | {build:.2} | {eval:.2} | {both:.2} |");
+    }
+
+    // Inside one larger graph (as in a decode step) the per-eval cost is
+    // shared: a chain of CHAIN norms, evaluated once, per norm.
+    const CHAIN: usize = 64;
+    let chain = |op: &dyn Fn(&Array) -> Array| {
+        median_us(51, || {
+            let mut y = x.clone();
+            for _ in 0..CHAIN {
+                y = op(&y);
+            }
+            y.eval().unwrap();
+        }) / CHAIN as f64
+    };
+    let kernel = chain(&|y| rms_norm(y, &w, 1e-5).unwrap());
+    let mlx = chain(&|y| y.rms_norm_mlx(Some(&w), 1e-5).unwrap());
+    println!(
+        "\nrms_norm 1x576 inside a {CHAIN}-norm chain evaluated once: kernel {kernel:.2} µs, \
+         MLX {mlx:.2} µs per norm ({:.1}x)",
+        mlx / kernel
+    );
 }
 
 criterion_group!(benches, bench);

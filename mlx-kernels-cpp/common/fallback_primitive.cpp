@@ -76,6 +76,55 @@ void poison(mx::array& out) {
   }
 }
 
+DenseInput::DenseInput(const mx::array& a, const char* what)
+    : src_(a), dense_(a), copy_(!a.flags().row_contiguous) {
+  if (!copy_) {
+    return;
+  }
+  dense_ = mx::array(a.shape(), a.dtype(), nullptr, {});
+  auto data = mx::allocator::malloc(dense_.nbytes());
+  if (dense_.nbytes() > 0 && data.buffer().ptr() == nullptr) {
+    throw std::runtime_error(
+        std::string(what) + ": could not allocate " + std::to_string(dense_.nbytes()) +
+        " bytes for a dense copy of a view");
+  }
+  dense_.set_data(std::move(data));
+}
+
+void DenseInput::fill() {
+  if (!copy_ || src_.size() == 0) {
+    return;
+  }
+  const auto es = static_cast<int64_t>(src_.itemsize());
+  const uint8_t* in = src_.data<uint8_t>();
+  uint8_t* out = dense_.data<uint8_t>();
+  const int nd = static_cast<int>(src_.ndim());
+  if (nd == 0) {
+    std::memcpy(out, in, es);
+    return;
+  }
+  const auto& shape = src_.shape();
+  const auto& strides = src_.strides();
+  const int64_t inner = shape[nd - 1];
+  const int64_t inner_stride = strides[nd - 1];
+  const int64_t rows = static_cast<int64_t>(src_.size()) / inner;
+  std::vector<int64_t> idx(nd, 0);
+  int64_t offset = 0; // element offset of the current row's first element
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < inner; ++i) {
+      std::memcpy(out + (r * inner + i) * es, in + (offset + i * inner_stride) * es, es);
+    }
+    for (int d = nd - 2; d >= 0; --d) {
+      offset += strides[d];
+      if (++idx[d] < shape[d]) {
+        break;
+      }
+      offset -= strides[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 void require_row_contiguous(const mx::array& a, const char* what) {
   if (!a.flags().row_contiguous) {
     throw std::logic_error(std::string(what) + " reached a kernel without being made contiguous");

@@ -63,10 +63,33 @@ rust::Slice<uint8_t> bytes_of_mut(mlx::core::array& a);
 // Fills a float output with NaN: what a failed kernel leaves behind.
 void poison(mlx::core::array& out);
 
-// Rejects a non-row-contiguous input at eval time. The op functions feed
-// every input through mlx::core::contiguous, so this never fires; it guards
-// against a strided array ever being read as if dense.
+// Rejects a non-row-contiguous input at eval time (for ops that feed their
+// inputs through mlx::core::contiguous; it guards against a strided array
+// ever being read as if dense).
 void require_row_contiguous(const mlx::core::array& a, const char* what);
+
+// An input as a kernel reads it: the array itself when it is row-contiguous
+// (the usual case, no copy and no graph node), otherwise a dense buffer
+// allocated in eval_cpu and filled on the stream by fill(), before the
+// kernel runs. Views (transposes, slices, broadcasts) take the copy, so the
+// op functions need no mlx::core::contiguous node per input.
+class DenseInput {
+ public:
+  // Throws when the dense copy cannot be allocated (MLX's allocator hands
+  // back a null buffer rather than throwing).
+  DenseInput(const mlx::core::array& a, const char* what);
+  const mlx::core::array& get() const {
+    return dense_;
+  }
+  // Copies the view into the dense buffer; a no-op for a dense input. Call
+  // on the stream (the input's data is ready there).
+  void fill();
+
+ private:
+  mlx::core::array src_;
+  mlx::core::array dense_;
+  bool copy_;
+};
 
 bool is_float(mlx::core::Dtype t);
 

@@ -43,23 +43,24 @@ void check_contract(const array& y, const array& scores) {
 } // namespace
 
 void MoeCombinePrimitive::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
-  const auto& y = inputs[0];
-  const auto& scores = inputs[1];
+  DenseInput y(inputs[0], "moe_combine y");
+  DenseInput scores(inputs[1], "moe_combine scores");
   auto& out = outputs[0];
-  require_row_contiguous(y, "moe_combine y");
-  require_row_contiguous(scores, "moe_combine scores");
   allocate(out);
   auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(y);
-  enc.set_input_array(scores);
+  enc.set_input_array(inputs[0]);
+  enc.set_input_array(inputs[1]);
   enc.set_output_array(out);
-  size_t hidden = y.shape(-1);
-  size_t top_k = y.shape(-2);
-  size_t rows = top_k * hidden == 0 ? 0 : y.size() / (top_k * hidden);
+  size_t hidden = inputs[0].shape(-1);
+  size_t top_k = inputs[0].shape(-2);
+  size_t rows = top_k * hidden == 0 ? 0 : inputs[0].size() / (top_k * hidden);
   enc.dispatch([y, scores, out, rows, top_k, hidden]() mutable {
+    y.fill();
+    scores.fill();
     if (!moe_combine_cpu(
-            static_cast<int32_t>(y.dtype().val()), static_cast<int32_t>(scores.dtype().val()),
-            bytes_of(y), bytes_of(scores), bytes_of_mut(out), rows, top_k, hidden)) {
+            static_cast<int32_t>(y.get().dtype().val()),
+            static_cast<int32_t>(scores.get().dtype().val()), bytes_of(y.get()),
+            bytes_of(scores.get()), bytes_of_mut(out), rows, top_k, hidden)) {
       poison(out);
     }
   });
@@ -81,9 +82,10 @@ array moe_combine_op(const array& y, const array& scores, bool fused, mx::Stream
   if (!fused) {
     return fallback({y, scores})[0];
   }
-  std::vector<array> inputs{mx::contiguous(y, false, s), mx::contiguous(scores, false, s)};
+  // Views are made dense inside eval_cpu (DenseInput): one graph node.
   return array(
-      combined_shape(y), y.dtype(), std::make_shared<MoeCombinePrimitive>(s, fallback), inputs);
+      combined_shape(y), y.dtype(), std::make_shared<MoeCombinePrimitive>(s, std::move(fallback)),
+      {y, scores});
 }
 
 ArrayPtr kernel_moe_combine(const array& y, const array& scores, bool fused, StreamSpec s) {

@@ -30,22 +30,22 @@ size_t rows_of(const array& x) {
 } // namespace
 
 void RmsNormPrimitive::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
-  const auto& x = inputs[0];
-  const auto& w = inputs[1];
+  DenseInput x(inputs[0], "rms_norm x");
+  DenseInput w(inputs[1], "rms_norm weight");
   auto& out = outputs[0];
-  require_row_contiguous(x, "rms_norm x");
-  require_row_contiguous(w, "rms_norm weight");
   allocate(out);
   auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  enc.set_input_array(w);
+  enc.set_input_array(inputs[0]);
+  enc.set_input_array(inputs[1]);
   enc.set_output_array(out);
-  size_t hidden = x.shape(-1);
-  size_t rows = rows_of(x);
+  size_t hidden = inputs[0].shape(-1);
+  size_t rows = rows_of(inputs[0]);
   enc.dispatch([x, w, out, rows, hidden, eps = eps_]() mutable {
+    x.fill();
+    w.fill();
     if (!rms_norm_cpu(
-            static_cast<int32_t>(x.dtype().val()), bytes_of(x), bytes_of(w), bytes_of_mut(out),
-            rows, hidden, eps)) {
+            static_cast<int32_t>(out.dtype().val()), bytes_of(x.get()), bytes_of(w.get()),
+            bytes_of_mut(out), rows, hidden, eps)) {
       poison(out);
     }
   });
@@ -63,28 +63,28 @@ std::vector<mx::Shape> RmsNormPrimitive::output_shapes(const std::vector<array>&
 void RmsNormResidualPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
-  const auto& x = inputs[0];
-  const auto& r = inputs[1];
-  const auto& w = inputs[2];
-  require_row_contiguous(x, "rms_norm_residual x");
-  require_row_contiguous(r, "rms_norm_residual residual");
-  require_row_contiguous(w, "rms_norm_residual weight");
+  DenseInput x(inputs[0], "rms_norm_residual x");
+  DenseInput r(inputs[1], "rms_norm_residual residual");
+  DenseInput w(inputs[2], "rms_norm_residual weight");
   auto& normed = outputs[0];
   auto& sum = outputs[1];
   allocate(normed);
   allocate(sum);
   auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  enc.set_input_array(r);
-  enc.set_input_array(w);
+  enc.set_input_array(inputs[0]);
+  enc.set_input_array(inputs[1]);
+  enc.set_input_array(inputs[2]);
   enc.set_output_array(normed);
   enc.set_output_array(sum);
-  size_t hidden = x.shape(-1);
-  size_t rows = rows_of(x);
+  size_t hidden = inputs[0].shape(-1);
+  size_t rows = rows_of(inputs[0]);
   enc.dispatch([x, r, w, normed, sum, rows, hidden, eps = eps_]() mutable {
+    x.fill();
+    r.fill();
+    w.fill();
     if (!rms_norm_residual_cpu(
-            static_cast<int32_t>(x.dtype().val()), bytes_of(x), bytes_of(r), bytes_of(w),
-            bytes_of_mut(normed), bytes_of_mut(sum), rows, hidden, eps)) {
+            static_cast<int32_t>(normed.dtype().val()), bytes_of(x.get()), bytes_of(r.get()),
+            bytes_of(w.get()), bytes_of_mut(normed), bytes_of_mut(sum), rows, hidden, eps)) {
       poison(normed);
       poison(sum);
     }
@@ -108,10 +108,11 @@ array rms_norm_op(const array& x, const array& w, float eps, bool fused, mx::Str
   if (!fused) {
     return fallback({x, w})[0];
   }
-  // Inputs go through contiguous(): free for dense arrays, a copy for views.
-  std::vector<array> inputs{mx::contiguous(x, false, s), mx::contiguous(w, false, s)};
+  // Views are made dense inside eval_cpu (DenseInput), so the graph holds
+  // one node, not one per input plus the kernel.
   return array(
-      x.shape(), x.dtype(), std::make_shared<RmsNormPrimitive>(s, fallback, eps), inputs);
+      x.shape(), x.dtype(), std::make_shared<RmsNormPrimitive>(s, std::move(fallback), eps),
+      {x, w});
 }
 
 std::vector<array> rms_norm_residual_op(
@@ -132,13 +133,11 @@ std::vector<array> rms_norm_residual_op(
   if (!fused) {
     return fallback({x, residual, w});
   }
-  std::vector<array> inputs{
-      mx::contiguous(x, false, s), mx::contiguous(residual, false, s), mx::contiguous(w, false, s)};
   return array::make_arrays(
       {x.shape(), x.shape()},
       {x.dtype(), x.dtype()},
-      std::make_shared<RmsNormResidualPrimitive>(s, fallback, eps),
-      inputs);
+      std::make_shared<RmsNormResidualPrimitive>(s, std::move(fallback), eps),
+      {x, residual, w});
 }
 
 ArrayPtr kernel_rms_norm(const array& x, const array& w, float eps, bool fused, StreamSpec s) {

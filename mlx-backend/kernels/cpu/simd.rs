@@ -7,7 +7,7 @@
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 /// A storage dtype; all arithmetic happens in f32.
-pub trait Element: Copy + Send + Sync + 'static {
+pub trait Element: Lanes + Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
 
@@ -15,13 +15,6 @@ pub trait Element: Copy + Send + Sync + 'static {
     fn load_f32(src: &[Self], dst: &mut [f32]) {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = s.to_f32();
-        }
-    }
-
-    /// Rounds `src` into `dst` (over the shorter of the two).
-    fn store_f32(src: &[f32], dst: &mut [Self]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = Self::from_f32(*s);
         }
     }
 }
@@ -39,9 +32,6 @@ impl Element for f32 {
         let n = src.len().min(dst.len());
         dst[..n].copy_from_slice(&src[..n]);
     }
-    fn store_f32(src: &[f32], dst: &mut [Self]) {
-        Self::load_f32(src, dst);
-    }
 }
 
 impl Element for f16 {
@@ -58,10 +48,6 @@ impl Element for f16 {
         let n = src.len().min(dst.len());
         src[..n].convert_to_f32_slice(&mut dst[..n]);
     }
-    fn store_f32(src: &[f32], dst: &mut [Self]) {
-        let n = src.len().min(dst.len());
-        dst[..n].convert_from_f32_slice(&src[..n]);
-    }
 }
 
 impl Element for bf16 {
@@ -73,7 +59,26 @@ impl Element for bf16 {
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
     }
+    fn load_f32(src: &[Self], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            // SAFETY: the required CPU features were detected above.
+            return unsafe { avx2::load_f32(src, dst) };
+        }
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
 }
+
+#[cfg(target_arch = "x86_64")]
+use avx2::Lanes;
+
+/// Off x86-64 there are no vector lanes: every kernel takes its portable body.
+#[cfg(not(target_arch = "x86_64"))]
+pub trait Lanes {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T> Lanes for T {}
 
 /// True when the AVX2+FMA bodies may run (std caches the CPUID probe).
 #[inline]
@@ -88,14 +93,87 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
-/// Sum of squares (reassociated; FMA allowed).
-pub fn sum_squares(x: &[f32]) -> f32 {
+/// True when the fused conversion kernels may run: AVX2 and FMA, plus F16C
+/// for the f16 conversions (std caches the CPUID probe).
+#[inline]
+pub fn has_avx2_f16c() -> bool {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the required CPU features were detected above.
-        return unsafe { avx2::dot(x, x) };
+    {
+        has_avx2_fma() && is_x86_feature_detected!("f16c")
     }
-    portable::dot(x, x)
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `Σ f32(x[i])²`, converting on the fly (reassociated; FMA allowed).
+pub fn sum_squares_of<T: Element>(x: &[T]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::sum_squares_of(x) };
+    }
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let v = c[i].to_f32();
+            acc[i] += v * v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|v| v.to_f32().powi(2)).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `out[i] = T(T(f32(x[i]) · s) · f32(w[i]))`: the RMSNorm scaling, each
+/// product rounded to T as MLX's separate multiplies do (exact IEEE rounding).
+pub fn scale_mul_to<T: Element>(x: &[T], s: f32, w: &[T], out: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::scale_mul_to(x, s, w, out) };
+    }
+    for ((o, x), w) in out.iter_mut().zip(x).zip(w) {
+        let n = T::from_f32(x.to_f32() * s).to_f32();
+        *o = T::from_f32(n * w.to_f32());
+    }
+}
+
+/// `sum[i] = T(f32(x[i]) + f32(r[i]))`, returning `Σ f32(sum[i])²`
+/// (the sum exactly rounded; the squares reassociated, FMA allowed).
+pub fn add_to_sum_squares<T: Element>(x: &[T], r: &[T], sum: &mut [T]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::add_to_sum_squares(x, r, sum) };
+    }
+    for ((o, x), r) in sum.iter_mut().zip(x).zip(r) {
+        *o = T::from_f32(x.to_f32() + r.to_f32());
+    }
+    sum_squares_of(sum)
+}
+
+/// `out[h] = Y(Σ_k f32(y[k·hidden + h]) · f32(scores[k]))` with `hidden =
+/// out.len()`, k ascending from 0.0, multiply then add (no FMA): bit-identical
+/// to the scalar loop.
+pub fn weighted_sum_to<Y: Element, S: Element>(y: &[Y], scores: &[S], out: &mut [Y]) {
+    let hidden = out.len();
+    let top_k = scores.len();
+    assert!(y.len() >= top_k * hidden, "weighted_sum_to: y too short");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the required CPU features were detected above; y holds
+        // top_k rows of hidden elements (asserted).
+        return unsafe { avx2::weighted_sum_to(y, scores, out) };
+    }
+    for (h, o) in out.iter_mut().enumerate() {
+        let mut acc = 0.0f32;
+        for (k, s) in scores.iter().enumerate() {
+            acc += y[k * hidden + h].to_f32() * s.to_f32();
+        }
+        *o = Y::from_f32(acc);
+    }
 }
 
 /// `(x·a, x·b)` reading `x` once (reassociated; FMA allowed).
@@ -116,47 +194,6 @@ pub fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
         return unsafe { avx2::dot4(x, w) };
     }
     w.map(|w| portable::dot(x, w))
-}
-
-/// `x[i] *= s`, elementwise, exact IEEE rounding.
-pub fn scale_in_place(x: &mut [f32], s: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the required CPU features were detected above.
-        return unsafe { avx2::scale_in_place(x, s) };
-    }
-    x.iter_mut().for_each(|v| *v *= s);
-}
-
-/// `x[i] *= w[i]`, elementwise, exact IEEE rounding.
-pub fn mul_in_place(x: &mut [f32], w: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the required CPU features were detected above.
-        return unsafe { avx2::mul_in_place(x, w) };
-    }
-    x.iter_mut().zip(w).for_each(|(v, w)| *v *= w);
-}
-
-/// `x[i] += y[i]`, elementwise, exact IEEE rounding.
-pub fn add_in_place(x: &mut [f32], y: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the required CPU features were detected above.
-        return unsafe { avx2::add_in_place(x, y) };
-    }
-    x.iter_mut().zip(y).for_each(|(v, y)| *v += y);
-}
-
-/// `acc[i] = acc[i] + y[i] * s` with a separate multiply and add (no FMA),
-/// so results are bit-identical to the scalar expression.
-pub fn axpy_no_fma(acc: &mut [f32], y: &[f32], s: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the required CPU features were detected above.
-        return unsafe { avx2::axpy_no_fma(acc, y, s) };
-    }
-    acc.iter_mut().zip(y).for_each(|(a, y)| *a += y * s);
 }
 
 mod portable {
@@ -184,7 +221,257 @@ mod portable {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
+    use super::Element;
+    use half::{bf16, f16};
     use std::arch::x86_64::*;
+
+    /// Eight elements of a storage dtype to and from f32 lanes. Callers
+    /// must have detected AVX2, FMA and F16C.
+    pub trait Lanes: Sized {
+        /// Widens `p[0..8]` to f32 (exact).
+        ///
+        /// # Safety
+        /// `p` is valid for 8 reads; the CPU has the features above.
+        unsafe fn load8(p: *const Self) -> __m256;
+        /// Rounds `v` to the dtype (round-to-nearest-even, as `from_f32`),
+        /// stores it at `p[0..8]` and returns the stored values as f32.
+        ///
+        /// # Safety
+        /// `p` is valid for 8 writes; the CPU has the features above.
+        unsafe fn round_store8(p: *mut Self, v: __m256) -> __m256;
+        /// `v` rounded to the dtype and widened back (as `to_f32(from_f32(v))`).
+        ///
+        /// # Safety
+        /// The CPU has the features above.
+        unsafe fn round8(v: __m256) -> __m256;
+    }
+
+    impl Lanes for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(p: *const Self) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable elements.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round_store8(p: *mut Self, v: __m256) -> __m256 {
+            // SAFETY: the caller guarantees 8 writable elements.
+            unsafe { _mm256_storeu_ps(p, v) };
+            v
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round8(v: __m256) -> __m256 {
+            v
+        }
+    }
+
+    impl Lanes for f16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(p: *const Self) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable elements (16 bytes).
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round_store8(p: *mut Self, v: __m256) -> __m256 {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            // SAFETY: the caller guarantees 8 writable elements (16 bytes).
+            unsafe { _mm_storeu_si128(p.cast(), h) };
+            _mm256_cvtph_ps(h)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round8(v: __m256) -> __m256 {
+            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
+    }
+
+    /// f32 lanes rounded to bf16 precision (the low 16 bits cleared), as
+    /// `half::bf16::from_f32`: round-to-nearest-even by adding `0x7FFF + lsb`,
+    /// overflow to infinity; NaN keeps its high bits and is made quiet.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn round_bf16_bits(v: __m256) -> __m256i {
+        let x = _mm256_castps_si256(v);
+        let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(x), _mm256_set1_epi32(1));
+        let bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb);
+        let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+        let rounded = _mm256_and_si256(_mm256_add_epi32(x, bias), high);
+        let quiet = _mm256_and_si256(_mm256_or_si256(x, _mm256_set1_epi32(0x0040_0000)), high);
+        let nan = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        _mm256_blendv_epi8(rounded, quiet, nan)
+    }
+
+    impl Lanes for bf16 {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(p: *const Self) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable elements (16 bytes).
+            let h = unsafe { _mm_loadu_si128(p.cast()) };
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round_store8(p: *mut Self, v: __m256) -> __m256 {
+            let r = round_bf16_bits(v);
+            let hi16 = _mm256_srli_epi32::<16>(r);
+            let packed = _mm_packus_epi32(
+                _mm256_castsi256_si128(hi16),
+                _mm256_extracti128_si256::<1>(hi16),
+            );
+            // SAFETY: the caller guarantees 8 writable elements (16 bytes).
+            unsafe { _mm_storeu_si128(p.cast(), packed) };
+            _mm256_castsi256_ps(r)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn round8(v: __m256) -> __m256 {
+            _mm256_castsi256_ps(round_bf16_bits(v))
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn load_f32<T: Element>(src: &[T], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let (ps, pd) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut i = 0;
+        // SAFETY: i + 8 <= n keeps every access inside both slices.
+        unsafe {
+            while i + 8 <= n {
+                _mm256_storeu_ps(pd.add(i), T::load8(ps.add(i)));
+                i += 8;
+            }
+        }
+        for (d, s) in dst[i..n].iter_mut().zip(&src[i..n]) {
+            *d = s.to_f32();
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn sum_squares_of<T: Element>(x: &[T]) -> f32 {
+        let n = x.len();
+        let p = x.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: every load reads indices < n.
+        unsafe {
+            while i + 32 <= n {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let v = T::load8(p.add(i + 8 * j));
+                    *acc = _mm256_fmadd_ps(v, v, *acc);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                let v = T::load8(p.add(i));
+                acc[0] = _mm256_fmadd_ps(v, v, acc[0]);
+                i += 8;
+            }
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let tail: f32 = x[i..].iter().map(|v| v.to_f32() * v.to_f32()).sum();
+        hsum(v) + tail
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn scale_mul_to<T: Element>(x: &[T], s: f32, w: &[T], out: &mut [T]) {
+        let n = x.len().min(w.len()).min(out.len());
+        let (px, pw, po) = (x.as_ptr(), w.as_ptr(), out.as_mut_ptr());
+        let vs = _mm256_set1_ps(s);
+        let mut i = 0;
+        // SAFETY: i + 8 <= n keeps every access inside the three slices.
+        unsafe {
+            while i + 8 <= n {
+                let xn = T::round8(_mm256_mul_ps(T::load8(px.add(i)), vs));
+                T::round_store8(po.add(i), _mm256_mul_ps(xn, T::load8(pw.add(i))));
+                i += 8;
+            }
+        }
+        for ((o, x), w) in out[i..n].iter_mut().zip(&x[i..n]).zip(&w[i..n]) {
+            let xn = T::from_f32(x.to_f32() * s).to_f32();
+            *o = T::from_f32(xn * w.to_f32());
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn add_to_sum_squares<T: Element>(x: &[T], r: &[T], sum: &mut [T]) -> f32 {
+        let n = x.len().min(r.len()).min(sum.len());
+        let (px, pr, ps) = (x.as_ptr(), r.as_ptr(), sum.as_mut_ptr());
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut i = 0;
+        // SAFETY: i + 8 <= n keeps every access inside the three slices.
+        unsafe {
+            while i + 16 <= n {
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let o = i + 8 * j;
+                    let v = _mm256_add_ps(T::load8(px.add(o)), T::load8(pr.add(o)));
+                    let v = T::round_store8(ps.add(o), v);
+                    *acc = _mm256_fmadd_ps(v, v, *acc);
+                }
+                i += 16;
+            }
+            while i + 8 <= n {
+                let v = _mm256_add_ps(T::load8(px.add(i)), T::load8(pr.add(i)));
+                let v = T::round_store8(ps.add(i), v);
+                acc[0] = _mm256_fmadd_ps(v, v, acc[0]);
+                i += 8;
+            }
+        }
+        let mut tail = 0.0f32;
+        for ((o, x), r) in sum[i..n].iter_mut().zip(&x[i..n]).zip(&r[i..n]) {
+            *o = T::from_f32(x.to_f32() + r.to_f32());
+            tail += o.to_f32() * o.to_f32();
+        }
+        hsum(_mm256_add_ps(acc[0], acc[1])) + tail
+    }
+
+    /// See [`super::weighted_sum_to`]; `y` must hold `scores.len()` rows of
+    /// `out.len()` elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn weighted_sum_to<Y: Element, S: Element>(y: &[Y], scores: &[S], out: &mut [Y]) {
+        let hidden = out.len();
+        let (py, po) = (y.as_ptr(), out.as_mut_ptr());
+        let mut h = 0;
+        // SAFETY: h + 32 (or + 8) <= hidden and k < scores.len() keep every
+        // read inside y (top_k rows of hidden) and every write inside out.
+        unsafe {
+            while h + 32 <= hidden {
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for (k, s) in scores.iter().enumerate() {
+                    let vs = _mm256_set1_ps(s.to_f32());
+                    let row = py.add(k * hidden + h);
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let prod = _mm256_mul_ps(Y::load8(row.add(8 * j)), vs);
+                        *acc = _mm256_add_ps(*acc, prod);
+                    }
+                }
+                for (j, acc) in acc.iter().enumerate() {
+                    Y::round_store8(po.add(h + 8 * j), *acc);
+                }
+                h += 32;
+            }
+            while h + 8 <= hidden {
+                let mut acc = _mm256_setzero_ps();
+                for (k, s) in scores.iter().enumerate() {
+                    let prod =
+                        _mm256_mul_ps(Y::load8(py.add(k * hidden + h)), _mm256_set1_ps(s.to_f32()));
+                    acc = _mm256_add_ps(acc, prod);
+                }
+                Y::round_store8(po.add(h), acc);
+                h += 8;
+            }
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(h) {
+            let mut acc = 0.0f32;
+            for (k, s) in scores.iter().enumerate() {
+                acc += y[k * hidden + i].to_f32() * s.to_f32();
+            }
+            *o = Y::from_f32(acc);
+        }
+    }
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -193,39 +480,6 @@ pub(crate) mod avx2 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
         _mm_cvtss_f32(s)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY: every load reads indices < n, within both slices.
-        unsafe {
-            while i + 32 <= n {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    let o = i + 8 * j;
-                    *acc = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pa.add(o)),
-                        _mm256_loadu_ps(pb.add(o)),
-                        *acc,
-                    );
-                }
-                i += 32;
-            }
-            while i + 8 <= n {
-                acc[0] = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(pa.add(i)),
-                    _mm256_loadu_ps(pb.add(i)),
-                    acc[0],
-                );
-                i += 8;
-            }
-        }
-        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let tail: f32 = a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum();
-        hsum(v) + tail
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -282,73 +536,121 @@ pub(crate) mod avx2 {
         }
         out
     }
+}
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scale_in_place(x: &mut [f32], s: f32) {
-        let n = x.len();
-        let px = x.as_mut_ptr();
-        let vs = _mm256_set1_ps(s);
-        let mut i = 0;
-        // SAFETY: i + 8 <= n keeps every access inside `x`.
-        unsafe {
-            while i + 8 <= n {
-                _mm256_storeu_ps(px.add(i), _mm256_mul_ps(_mm256_loadu_ps(px.add(i)), vs));
-                i += 8;
-            }
-        }
-        x[i..].iter_mut().for_each(|v| *v *= s);
+#[cfg(test)]
+mod tests {
+    use super::test_util::Rng;
+    use super::*;
+
+    /// f32 bit patterns: random ones plus ties, overflow, infinities, NaNs
+    /// and subnormals.
+    fn patterns() -> Vec<f32> {
+        let mut rng = Rng::new(0xb16b_00b5);
+        let special = [
+            0x0000_0000u32,
+            0x8000_0000,
+            0x3F80_8000, // tie, even below: stays
+            0x3F81_8000, // tie, odd below: rounds up
+            0x3F80_8001,
+            0x7F7F_FFFF, // rounds to infinity
+            0xFF7F_FFFF,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7FC0_0000,
+            0x7F80_0001, // signalling NaN: made quiet
+            0xFFFF_FFFF,
+            0x0000_0001,
+            0x0080_7FFF,
+        ];
+        let mut v: Vec<f32> = special.iter().map(|&b| f32::from_bits(b)).collect();
+        v.extend((0..100_000).map(|_| f32::from_bits(rng.next_u32())));
+        v.extend((0..1000).map(|i| i as f32 * 0.37 - 185.0));
+        v
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn mul_in_place(x: &mut [f32], w: &[f32]) {
-        let n = x.len().min(w.len());
-        let (px, pw) = (x.as_mut_ptr(), w.as_ptr());
-        let mut i = 0;
-        // SAFETY: i + 8 <= n keeps every access inside both slices.
-        unsafe {
-            while i + 8 <= n {
-                let r = _mm256_mul_ps(_mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(pw.add(i)));
-                _mm256_storeu_ps(px.add(i), r);
-                i += 8;
+    /// The vector rounding (`Lanes::round_store8` / `round8`) and widening
+    /// (`load_f32`) against `half`'s scalar conversions, bit for bit.
+    fn round_trips_like_scalar<T: Element>() {
+        let src = patterns();
+        let n = src.len() / 8 * 8;
+        let mut got = vec![T::from_f32(0.0); n];
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            use std::arch::x86_64::_mm256_loadu_ps;
+            for (i, c) in src[..n].chunks_exact(8).enumerate() {
+                // SAFETY: features detected; 8 elements on each side.
+                unsafe {
+                    let v = _mm256_loadu_ps(c.as_ptr());
+                    let r = T::round_store8(got.as_mut_ptr().add(8 * i), v);
+                    let r2 = T::round8(v);
+                    let (mut a, mut b) = ([0.0f32; 8], [0.0f32; 8]);
+                    std::arch::x86_64::_mm256_storeu_ps(a.as_mut_ptr(), r);
+                    std::arch::x86_64::_mm256_storeu_ps(b.as_mut_ptr(), r2);
+                    for j in 0..8 {
+                        let want = T::from_f32(c[j]).to_f32().to_bits();
+                        assert_eq!(a[j].to_bits(), want, "round_store8 {:#x}", c[j].to_bits());
+                        assert_eq!(b[j].to_bits(), want, "round8 {:#x}", c[j].to_bits());
+                    }
+                }
             }
         }
-        x[i..n].iter_mut().zip(&w[i..n]).for_each(|(v, w)| *v *= w);
+        for (g, s) in got.iter_mut().zip(&src) {
+            *g = T::from_f32(*s);
+        }
+        // Widening, with tails of every size.
+        for len in [n, n - 3, 7] {
+            let mut back = vec![0.0f32; len];
+            T::load_f32(&got[..len], &mut back);
+            for (b, g) in back.iter().zip(&got) {
+                assert_eq!(b.to_bits(), g.to_f32().to_bits());
+            }
+        }
+        // The fused scaling rounds like the scalar expression.
+        let ones = vec![T::from_f32(1.0); n - 5];
+        let mut out = vec![T::from_f32(0.0); n - 5];
+        scale_mul_to(&got[..n - 5], 0.75, &ones, &mut out);
+        for (i, (o, g)) in out.iter().zip(&got).enumerate() {
+            let want = T::from_f32(T::from_f32(g.to_f32() * 0.75).to_f32()).to_f32();
+            assert_eq!(o.to_f32().to_bits(), want.to_bits(), "scale_mul_to {i}");
+        }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn add_in_place(x: &mut [f32], y: &[f32]) {
-        let n = x.len().min(y.len());
-        let (px, py) = (x.as_mut_ptr(), y.as_ptr());
-        let mut i = 0;
-        // SAFETY: i + 8 <= n keeps every access inside both slices.
-        unsafe {
-            while i + 8 <= n {
-                let r = _mm256_add_ps(_mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
-                _mm256_storeu_ps(px.add(i), r);
-                i += 8;
-            }
-        }
-        x[i..n].iter_mut().zip(&y[i..n]).for_each(|(v, y)| *v += y);
+    #[test]
+    fn bf16_conversions_match_half() {
+        round_trips_like_scalar::<bf16>();
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_no_fma(acc: &mut [f32], y: &[f32], s: f32) {
-        let n = acc.len().min(y.len());
-        let (pa, py) = (acc.as_mut_ptr(), y.as_ptr());
-        let vs = _mm256_set1_ps(s);
-        let mut i = 0;
-        // SAFETY: i + 8 <= n keeps every access inside both slices.
-        unsafe {
-            while i + 8 <= n {
-                let prod = _mm256_mul_ps(_mm256_loadu_ps(py.add(i)), vs);
-                _mm256_storeu_ps(pa.add(i), _mm256_add_ps(_mm256_loadu_ps(pa.add(i)), prod));
-                i += 8;
+    #[test]
+    fn f16_conversions_match_half() {
+        round_trips_like_scalar::<f16>();
+    }
+
+    #[test]
+    fn fused_sum_of_squares_and_add() {
+        let mut rng = Rng::new(7);
+        for n in [0, 1, 9, 31, 64, 1000] {
+            let x: Vec<bf16> = rng.elems(n, 3.0);
+            let r: Vec<bf16> = rng.elems(n, 3.0);
+            let want: f64 = x.iter().map(|v| (v.to_f32() as f64).powi(2)).sum();
+            let got = sum_squares_of(&x) as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * want.max(1.0),
+                "{n}: {got} vs {want}"
+            );
+            let mut sum = vec![bf16::ZERO; n];
+            let ss = add_to_sum_squares(&x, &r, &mut sum) as f64;
+            let mut want_ss = 0.0f64;
+            for i in 0..n {
+                let s = bf16::from_f32(x[i].to_f32() + r[i].to_f32());
+                assert_eq!(sum[i].to_bits(), s.to_bits(), "{n}: sum {i}");
+                want_ss += (s.to_f32() as f64).powi(2);
             }
+            assert!(
+                (ss - want_ss).abs() <= 1e-5 * want_ss.max(1.0),
+                "{n}: {ss} vs {want_ss}"
+            );
         }
-        acc[i..n]
-            .iter_mut()
-            .zip(&y[i..n])
-            .for_each(|(a, y)| *a += y * s);
     }
 }
 

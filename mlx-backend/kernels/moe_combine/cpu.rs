@@ -1,5 +1,7 @@
 //! MoE combine: weighted sum of the top-k expert outputs of each token.
 //! Bit-exact with a sequential f32 loop over k (multiply, then add; no FMA).
+//! Each block of output lanes is accumulated over k in registers and
+//! rounded once, so no f32 row buffer is needed.
 
 use rayon::prelude::*;
 
@@ -31,28 +33,27 @@ pub fn moe_combine<Y: Element, S: Element>(
     if rows == 0 || hidden == 0 {
         return Ok(());
     }
-    let row = |r: usize, out_row: &mut [Y], bufs: &mut (Vec<f32>, Vec<f32>)| {
-        let (acc, tmp) = bufs;
-        acc.fill(0.0);
-        let y_row = &y[r * top_k * hidden..][..top_k * hidden];
-        for (y_k, s) in y_row
-            .chunks_exact(hidden)
-            .zip(&scores[r * top_k..][..top_k])
-        {
-            Y::load_f32(y_k, tmp);
-            simd::axpy_no_fma(acc, tmp, s.to_f32());
-        }
-        Y::store_f32(acc, out_row);
+    let row = |r: usize, out_row: &mut [Y]| {
+        simd::weighted_sum_to(
+            &y[r * top_k * hidden..][..top_k * hidden],
+            &scores[r * top_k..][..top_k],
+            out_row,
+        );
     };
-    let new_bufs = || (vec![0.0f32; hidden], vec![0.0f32; hidden]);
     if rows * top_k * hidden > PAR_MIN_WORK {
-        out.par_chunks_mut(hidden)
+        // About four tasks per thread, so a thread slowed down by other
+        // load on the machine does not hold the others up for long.
+        let per_task = rows.div_ceil(4 * rayon::current_num_threads()).max(1);
+        out.par_chunks_mut(per_task * hidden)
             .enumerate()
-            .for_each_init(new_bufs, |bufs, (r, o)| row(r, o, bufs));
+            .for_each(|(t, block)| {
+                for (i, o) in block.chunks_mut(hidden).enumerate() {
+                    row(t * per_task + i, o);
+                }
+            });
     } else {
-        let mut bufs = new_bufs();
         for (r, o) in out.chunks_mut(hidden).enumerate() {
-            row(r, o, &mut bufs);
+            row(r, o);
         }
     }
     Ok(())

@@ -1,6 +1,9 @@
 //! RMSNorm (optionally fused with a residual add), matching MLX rounding:
 //! `astype(x32 * rsqrt(mean(x32^2) + eps), T) * w`, the weight multiply
-//! being a T×T multiply (computed in f32, rounded to T).
+//! being a T×T multiply (computed in f32, rounded to T). The conversions
+//! happen in registers inside the row passes (AVX2/F16C when present).
+
+use std::borrow::Cow;
 
 use rayon::prelude::*;
 
@@ -13,11 +16,18 @@ use crate::kernels::cpu::simd::{self, Element};
 /// Below this many elements threading costs more than it saves.
 const PAR_MIN_ELEMS: usize = 64 * 1024;
 
-/// `y[r,h] = T(x[r,h] * rsqrt(mean_h(x[r,:]^2) + eps)) * w[h]`, rounded to T.
+/// Rows per rayon task: about four tasks per thread, so a thread that the
+/// (shared) machine slows down does not hold the others up for long.
+fn rows_per_task(rows: usize) -> usize {
+    rows.div_ceil(4 * rayon::current_num_threads()).max(1)
+}
+
+/// `y[r,h] = T(T(x[r,h] * rsqrt(mean_h(x[r,:]^2) + eps)) * w[h])`.
 ///
 /// Row `r` of `x` starts at `r * x_row_stride` and is contiguous; weight
 /// element `h` is at `h * w_stride` (0 broadcasts one value). `out` is
-/// dense `[rows, hidden]`.
+/// dense `[rows, hidden]`. Each row is read twice (the second time from
+/// cache) and converted in registers; nothing is allocated for a dense weight.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm<T: Element>(
     x: &[T],
@@ -31,28 +41,39 @@ pub fn rms_norm<T: Element>(
 ) -> Result<(), KernelError> {
     check_rows("x", x.len(), x_row_stride, rows, hidden)?;
     check_len("out", out.len(), rows.checked_mul(hidden))?;
-    let w32 = weight_f32(w, w_stride, hidden)?;
+    let w = dense_weight(w, w_stride, hidden)?;
     if rows == 0 || hidden == 0 {
         return Ok(());
     }
-    let row = |r: usize, out_row: &mut [T], buf: &mut Vec<f32>| {
-        T::load_f32(&x[r * x_row_stride..][..hidden], buf);
-        normalize_into(buf, &w32, eps, out_row);
+    let w = &w[..hidden];
+    let row = |r: usize, out_row: &mut [T]| {
+        let x_row = &x[r * x_row_stride..][..hidden];
+        simd::scale_mul_to(
+            x_row,
+            inv_rms(simd::sum_squares_of(x_row), hidden, eps),
+            w,
+            out_row,
+        );
     };
     if rows * hidden > PAR_MIN_ELEMS {
-        out.par_chunks_mut(hidden)
+        let per_task = rows_per_task(rows);
+        out.par_chunks_mut(per_task * hidden)
             .enumerate()
-            .for_each_init(|| vec![0.0f32; hidden], |buf, (r, o)| row(r, o, buf));
+            .for_each(|(t, block)| {
+                for (i, o) in block.chunks_mut(hidden).enumerate() {
+                    row(t * per_task + i, o);
+                }
+            });
     } else {
-        let mut buf = vec![0.0f32; hidden];
         for (r, o) in out.chunks_mut(hidden).enumerate() {
-            row(r, o, &mut buf);
+            row(r, o);
         }
     }
     Ok(())
 }
 
-/// `s = T(x + residual)` then `normed = rms_norm(s)`, one pass per row.
+/// `s = T(x + residual)` then `normed = rms_norm(s)`, one pass per row
+/// (plus a second over `s`, from cache).
 ///
 /// Both outputs are dense `[rows, hidden]`; the input layouts follow
 /// [`rms_norm`].
@@ -80,58 +101,56 @@ pub fn rms_norm_residual<T: Element>(
     )?;
     check_len("out_normed", out_normed.len(), rows.checked_mul(hidden))?;
     check_len("out_sum", out_sum.len(), rows.checked_mul(hidden))?;
-    let w32 = weight_f32(w, w_stride, hidden)?;
+    let w = dense_weight(w, w_stride, hidden)?;
     if rows == 0 || hidden == 0 {
         return Ok(());
     }
-    let row = |r: usize, normed: &mut [T], sum: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
-        let (a, b) = bufs;
-        T::load_f32(&x[r * x_row_stride..][..hidden], a);
-        T::load_f32(&residual[r * residual_row_stride..][..hidden], b);
-        simd::add_in_place(a, b);
+    let w = &w[..hidden];
+    let row = |r: usize, normed: &mut [T], sum: &mut [T]| {
         // The norm sees the sum as MLX's add leaves it: rounded to T.
-        T::store_f32(a, sum);
-        T::load_f32(sum, a);
-        normalize_into(a, &w32, eps, normed);
+        let ss = simd::add_to_sum_squares(
+            &x[r * x_row_stride..][..hidden],
+            &residual[r * residual_row_stride..][..hidden],
+            sum,
+        );
+        simd::scale_mul_to(sum, inv_rms(ss, hidden, eps), w, normed);
     };
-    let new_bufs = || (vec![0.0f32; hidden], vec![0.0f32; hidden]);
     if rows * hidden > PAR_MIN_ELEMS {
+        let per_task = rows_per_task(rows);
         out_normed
-            .par_chunks_mut(hidden)
-            .zip(out_sum.par_chunks_mut(hidden))
+            .par_chunks_mut(per_task * hidden)
+            .zip(out_sum.par_chunks_mut(per_task * hidden))
             .enumerate()
-            .for_each_init(new_bufs, |bufs, (r, (n, s))| row(r, n, s, bufs));
+            .for_each(|(t, (nb, sb))| {
+                for (i, (n, s)) in nb.chunks_mut(hidden).zip(sb.chunks_mut(hidden)).enumerate() {
+                    row(t * per_task + i, n, s);
+                }
+            });
     } else {
-        let mut bufs = new_bufs();
         for (r, (n, s)) in out_normed
             .chunks_mut(hidden)
             .zip(out_sum.chunks_mut(hidden))
             .enumerate()
         {
-            row(r, n, s, &mut bufs);
+            row(r, n, s);
         }
     }
     Ok(())
 }
 
-/// Normalises the f32 row in `buf` (clobbering it) and writes T results to `out`.
-fn normalize_into<T: Element>(buf: &mut [f32], w32: &[f32], eps: f32, out: &mut [T]) {
-    let mean_sq = simd::sum_squares(buf) / buf.len() as f32;
-    let inv_rms = 1.0 / (mean_sq + eps).sqrt();
-    simd::scale_in_place(buf, inv_rms);
-    // Round x*n to T before the weight multiply, as MLX does.
-    T::store_f32(buf, out);
-    T::load_f32(out, buf);
-    simd::mul_in_place(buf, w32);
-    T::store_f32(buf, out);
+/// `1 / sqrt(mean + eps)` from a row's sum of squares.
+fn inv_rms(sum_sq: f32, hidden: usize, eps: f32) -> f32 {
+    1.0 / (sum_sq / hidden as f32 + eps).sqrt()
 }
 
-/// Gathers the (possibly strided or broadcast) weight into a dense f32 row.
-fn weight_f32<T: Element>(
+/// The weight as a dense row: borrowed when `w_stride == 1`, otherwise
+/// gathered (a strided or broadcast weight; the C++ entry points always
+/// pass dense ones).
+fn dense_weight<T: Element>(
     w: &[T],
     w_stride: usize,
     hidden: usize,
-) -> Result<Vec<f32>, KernelError> {
+) -> Result<Cow<'_, [T]>, KernelError> {
     if hidden > 0 {
         let needed = (hidden - 1)
             .checked_mul(w_stride)
@@ -146,7 +165,11 @@ fn weight_f32<T: Element>(
             }
         }
     }
-    Ok((0..hidden).map(|h| w[h * w_stride].to_f32()).collect())
+    Ok(if w_stride == 1 || hidden == 0 {
+        Cow::Borrowed(w)
+    } else {
+        Cow::Owned((0..hidden).map(|h| w[h * w_stride]).collect())
+    })
 }
 
 /// Checks that `rows` rows of `hidden` elements at `stride` fit in `len`.
