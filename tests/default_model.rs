@@ -78,6 +78,12 @@ fn check_greedy(m: &model::Transformer, g: &serde_json::Value) {
             &g["mlx"]["greedy_extra"]["list_multi_turn"]["greedy"]["token_ids"],
             &g["llama_cpp"]["greedy_extra"]["list_multi_turn"]["greedy"]["token_ids"],
         ),
+        // 64 tokens on which both oracles agree throughout.
+        (
+            &g["chat_extra"]["long_agree"]["prompt_token_ids"],
+            &g["mlx"]["greedy_extra"]["long_agree"]["greedy"]["token_ids"],
+            &g["llama_cpp"]["greedy_extra"]["long_agree"]["greedy"]["token_ids"],
+        ),
     ] {
         let prompt = ids(prompt);
         let expected = ids(mlx);
