@@ -23,6 +23,8 @@ const FOLDERS: &[&str] = &[
     "llama_tied-f32",
     "llama_tied-q4",
     "llama_rope-f32",
+    "llama_rope_linear-f32",
+    "llama_rope_yarn-f32",
     "qwen2-f32",
     "qwen2-bf16",
     "qwen2-q4",
@@ -262,6 +264,8 @@ tiny_tests! {
     llama_tied_f32 => "llama_tied-f32",
     llama_tied_q4 => "llama_tied-q4",
     llama_rope_f32 => "llama_rope-f32",
+    llama_rope_linear_f32 => "llama_rope_linear-f32",
+    llama_rope_yarn_f32 => "llama_rope_yarn-f32",
     qwen2_f32 => "qwen2-f32",
     qwen2_bf16 => "qwen2-bf16",
     qwen2_q4 => "qwen2-q4",
@@ -382,6 +386,28 @@ fn config_without_hidden_size() {
             assert!(path.ends_with("config.json"), "{path}");
         }
         e => panic!("expected MissingConfigKey, got {e:?}"),
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Dynamic NTK RoPE scaling is refused at load time rather than run
+/// unscaled: mlx-lm 0.32.2 does implement it (`DynamicNTKScalingRoPE` in
+/// rope_utils.py, a base recomputed on every call from the cache offset), but
+/// this crate does not.
+#[test]
+fn dynamic_rope_scaling_is_refused() {
+    let dir = llama_copy("dynamic-rope");
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0});
+    std::fs::write(&path, config.to_string()).unwrap();
+    match load_err(&dir) {
+        ModelLoadError::BadConfigValue { key, message, .. } => {
+            assert_eq!(key, "rope_scaling.type");
+            assert!(message.contains("'dynamic'"), "{message}");
+        }
+        e => panic!("expected BadConfigValue, got {e:?}"),
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

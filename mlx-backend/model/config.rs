@@ -39,6 +39,13 @@ impl Architecture {
 }
 
 /// RoPE frequency scaling, as mlx-lm's `initialize_rope` supports it.
+///
+/// Of mlx-lm 0.32.2's other types, `dynamic` (`DynamicNTKScalingRoPE`: the
+/// base recomputed on every call from `max(offset + L,
+/// max_position_embeddings)`), `longrope`, `proportional` and `mrope` are
+/// not implemented here; `parse_rope_scaling` refuses them with
+/// `ModelLoadError::BadConfigValue` rather than run the model unscaled.
+/// YaRN's `attention_factor` (HF) is honoured, while mlx-lm ignores it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor`.

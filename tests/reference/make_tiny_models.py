@@ -181,6 +181,41 @@ FAMILIES = {
         mlp_only_layers=[1],
         norm_topk_prob=True,
     ),
+    # The two other RoPE scalings come last so the families above keep their
+    # seeds. Linear: positions halved, every frequency changes.
+    "llama_rope_linear": dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        rope_scaling={"type": "linear", "factor": 2.0},
+        tie_word_embeddings=True,
+    ),
+    # YaRN (mlx-lm's YarnRoPE): with head_dim 16, theta 10000 and an original
+    # context of 64, beta_fast 32 / beta_slow 1 give the correction range
+    # [0, 3], so frequency 0 keeps its period, 1 and 2 mix the two by the
+    # ramp (1/3, 2/3) and 3..7 are interpolated by the factor 4; mscale is
+    # 0.1 ln 4 + 1 ~ 1.139 on q and k. max_position_embeddings is
+    # factor x original, as HF's YaRN configs have it (mlx-lm ignores it).
+    "llama_rope_yarn": dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        rope_scaling={
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        tie_word_embeddings=True,
+    ),
 }
 
 # (folder, family, dtype of the weights, (group_size, bits) or None).
@@ -191,6 +226,8 @@ VARIANTS = [
     ("llama_tied-f32", "llama_tied", "float32", None),
     ("llama_tied-q4", "llama_tied", "float32", (32, 4)),
     ("llama_rope-f32", "llama_rope", "float32", None),
+    ("llama_rope_linear-f32", "llama_rope_linear", "float32", None),
+    ("llama_rope_yarn-f32", "llama_rope_yarn", "float32", None),
     ("qwen2-f32", "qwen2", "float32", None),
     ("qwen2-bf16", "qwen2", "bfloat16", None),
     ("qwen2-q4", "qwen2", "float32", (32, 4)),
@@ -346,6 +383,37 @@ def goldens(path, load_dtype=None):
     return golden
 
 
+def scaling_effect(path):
+    """Max |logit difference| between the saved model and the same weights
+    with `rope_scaling` dropped, over every prompt position; asserts the
+    scaling matters (and, for YaRN, that the ramp mixes and mscale != 1)."""
+    model, config = load_model(path)
+    plain_config = {k: v for k, v in config.items() if k != "rope_scaling"}
+    model_class, args_class = _get_classes(plain_config)
+    plain = model_class(args_class.from_dict(plain_config))
+    plain.update(model.parameters())
+    diff = 0.0
+    for prompt in PROMPTS:
+        a = model(mx.array([prompt]))
+        b = plain(mx.array([prompt]))
+        diff = max(diff, float(mx.abs(a - b).max().item()))
+    assert diff > 0.05, f"{path.name}: rope_scaling barely matters ({diff})"
+    rope = model.model.layers[0].self_attn.rope
+    note = ""
+    if hasattr(rope, "_freqs"):
+        dims = rope.dims
+        base = config["rope_theta"]
+        plain_freqs = base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
+        ratio = np.array(rope._freqs / plain_freqs)
+        note = f", period ratios {[round(float(r), 3) for r in ratio]}"
+        factor = config["rope_scaling"]["factor"]
+        assert np.any((ratio > 1.001) & (ratio < factor - 0.001)), ratio
+    if hasattr(rope, "mscale"):
+        note += f", mscale {rope.mscale:.4f}"
+        assert rope.mscale != 1.0
+    return f"rope_scaling vs none: max |dlogit| {diff:.3f}{note}"
+
+
 def main():
     if OUT.exists():
         shutil.rmtree(OUT)
@@ -365,6 +433,8 @@ def main():
             f"{path.name:20s} {size / 1024:7.1f} KiB  greedy {g['greedy']}  "
             f"stats {g['logit_stats']}"
         )
+        if "rope_scaling" in json.loads((path / "config.json").read_text()):
+            print(f"{'':20s} {scaling_effect(path)}")
     print(f"total {total / 1024:.1f} KiB")
 
 
