@@ -25,6 +25,7 @@ const FOLDERS: &[&str] = &[
     "llama_rope-f32",
     "llama_rope_linear-f32",
     "llama_rope_yarn-f32",
+    "llama_rope_dynamic-f32",
     "qwen2-f32",
     "qwen2-bf16",
     "qwen2-q4",
@@ -266,6 +267,7 @@ tiny_tests! {
     llama_rope_f32 => "llama_rope-f32",
     llama_rope_linear_f32 => "llama_rope_linear-f32",
     llama_rope_yarn_f32 => "llama_rope_yarn-f32",
+    llama_rope_dynamic_f32 => "llama_rope_dynamic-f32",
     qwen2_f32 => "qwen2-f32",
     qwen2_bf16 => "qwen2-bf16",
     qwen2_q4 => "qwen2-q4",
@@ -395,17 +397,17 @@ fn config_without_hidden_size() {
 /// rope_utils.py, a base recomputed on every call from the cache offset), but
 /// this crate does not.
 #[test]
-fn dynamic_rope_scaling_is_refused() {
-    let dir = llama_copy("dynamic-rope");
+fn unsupported_rope_scaling_is_refused() {
+    let dir = llama_copy("longrope");
     let path = dir.join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0});
+    config["rope_scaling"] = serde_json::json!({"type": "longrope", "factor": 2.0});
     std::fs::write(&path, config.to_string()).unwrap();
     match load_err(&dir) {
         ModelLoadError::BadConfigValue { key, message, .. } => {
             assert_eq!(key, "rope_scaling.type");
-            assert!(message.contains("'dynamic'"), "{message}");
+            assert!(message.contains("'longrope'"), "{message}");
         }
         e => panic!("expected BadConfigValue, got {e:?}"),
     }

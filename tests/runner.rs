@@ -818,3 +818,55 @@ fn info_and_metrics_report_the_model_kernels_and_counts() {
     assert!(m.kernels.get(mlx_backend::kernels::Kernel::RmsNorm).fused > before);
     assert!(m.forward_time >= m.last_forward_time);
 }
+
+#[test]
+fn batched_decode_with_length_dependent_rope_equals_sequential() {
+    // Dynamic NTK RoPE: each row's base depends on its own length (here the
+    // context is 8, so the rows cross it at different steps).
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/reference/tiny/llama_rope_dynamic-f32");
+    let mut r = MlxModelRunner::load(&dir, &Default::default(), RunnerConfig::default()).unwrap();
+    let prompts: Vec<Vec<u32>> = [3usize, 6, 9]
+        .iter()
+        .map(|&n| (0..n as u32).map(|i| 5 + i * 17 % 200).collect())
+        .collect();
+    let expected: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| solo(&mut r, 100 + i as u64, p, 6))
+        .collect();
+    let reqs = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| RequestInput::prompt(i as u64, p.clone(), SamplingParams::greedy()))
+        .collect();
+    let out = r
+        .forward(&ForwardBatch::new(ForwardMode::Extend, reqs))
+        .unwrap();
+    let mut got: Vec<Vec<u32>> = out
+        .outputs
+        .iter()
+        .map(|o| vec![o.next_token.unwrap()])
+        .collect();
+    for _ in 1..6 {
+        let reqs = got
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                RequestInput::decode(
+                    i as u64,
+                    *g.last().unwrap(),
+                    prompts[i].len() + g.len() - 1,
+                    SamplingParams::greedy(),
+                )
+            })
+            .collect();
+        let out = r
+            .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
+            .unwrap();
+        for (g, o) in got.iter_mut().zip(&out.outputs) {
+            g.push(o.next_token.unwrap());
+        }
+    }
+    assert_eq!(got, expected);
+}

@@ -40,16 +40,17 @@ impl Architecture {
 
 /// RoPE frequency scaling, as mlx-lm's `initialize_rope` supports it.
 ///
-/// Of mlx-lm 0.32.2's other types, `dynamic` (`DynamicNTKScalingRoPE`: the
-/// base recomputed on every call from `max(offset + L,
-/// max_position_embeddings)`), `longrope`, `proportional` and `mrope` are
-/// not implemented here; `parse_rope_scaling` refuses them with
+/// Of mlx-lm 0.32.2's other types, `longrope`, `proportional` and `mrope`
+/// are not implemented here; `parse_rope_scaling` refuses them with
 /// `ModelLoadError::BadConfigValue` rather than run the model unscaled.
 /// YaRN's `attention_factor` (HF) is honoured, while mlx-lm ignores it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor`.
     Linear { factor: f32 },
+    /// Dynamic NTK (mlx-lm's `DynamicNTKScalingRoPE`): the base is
+    /// recomputed on every call from `max(offset + L, max_position_embeddings)`.
+    Dynamic { factor: f32 },
     Llama3 {
         factor: f32,
         low_freq_factor: f32,
@@ -197,6 +198,18 @@ fn token_ids(v: Option<&Value>) -> Vec<u32> {
 }
 
 impl ModelConfig {
+    /// The longest context the model is meant to serve: its
+    /// `max_position_embeddings`, stretched by the factor under dynamic NTK
+    /// scaling (which exists to run past it).
+    pub fn max_context(&self) -> usize {
+        match self.rope_scaling {
+            Some(RopeScaling::Dynamic { factor }) => {
+                (self.max_position_embeddings as f32 * factor.max(1.0)) as usize
+            }
+            _ => self.max_position_embeddings,
+        }
+    }
+
     /// Parse an HF `config.json` (`path` names it in errors).
     pub fn from_json(text: &str, path: &str) -> Result<ModelConfig, ModelLoadError> {
         let v: Value = serde_json::from_str(text).map_err(|e| ModelLoadError::Io {
@@ -351,6 +364,7 @@ fn parse_rope_scaling(j: &Json<'_>) -> Result<Option<RopeScaling>, ModelLoadErro
     Ok(match kind {
         "default" => None,
         "linear" => Some(RopeScaling::Linear { factor: factor()? }),
+        "dynamic" => Some(RopeScaling::Dynamic { factor: factor()? }),
         "llama3" => Some(RopeScaling::Llama3 {
             factor: factor()?,
             low_freq_factor: s.opt_f32("low_freq_factor")?.unwrap_or(1.0),
@@ -373,7 +387,7 @@ fn parse_rope_scaling(j: &Json<'_>) -> Result<Option<RopeScaling>, ModelLoadErro
         other => {
             return Err(j.bad(
                 "rope_scaling.type",
-                &format!("'{other}' is not supported (linear, llama3, yarn are)"),
+                &format!("'{other}' is not supported (linear, dynamic, llama3, yarn are)"),
             ))
         }
     })

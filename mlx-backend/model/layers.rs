@@ -168,6 +168,9 @@ pub struct Rope {
     freqs: Option<Array>,
     /// YaRN's attention scaling of the rotated features.
     mscale: f32,
+    /// Dynamic NTK: `(factor, max_position_embeddings)`; the base then
+    /// depends on the sequence length at each call.
+    dynamic: Option<(f32, i32)>,
 }
 
 impl Rope {
@@ -180,6 +183,7 @@ impl Rope {
             scale: 1.0,
             freqs: None,
             mscale: 1.0,
+            dynamic: None,
         };
         let base = c.rope_theta as f64;
         let d = dims as f64;
@@ -187,6 +191,9 @@ impl Rope {
         match &c.rope_scaling {
             None => {}
             Some(RopeScaling::Linear { factor }) => rope.scale = 1.0 / factor,
+            Some(RopeScaling::Dynamic { factor }) => {
+                rope.dynamic = Some((*factor, c.max_position_embeddings as i32))
+            }
             Some(RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -267,7 +274,35 @@ impl Rope {
         Ok(rope)
     }
 
+    /// Whether the rotation depends on the sequence length (dynamic NTK), so
+    /// rows of different lengths cannot share one call.
+    pub fn length_dependent(&self) -> bool {
+        self.dynamic.is_some()
+    }
+
+    /// The base for a sequence of `len` tokens (only dynamic NTK changes it).
+    fn base_for(&self, len: i32) -> f32 {
+        match self.dynamic {
+            None => self.base,
+            Some((factor, max_pos)) => {
+                let seq = len.max(max_pos) as f64;
+                let (f, m, d) = (factor as f64, max_pos as f64, self.dims as f64);
+                (self.base as f64 * ((f * seq / m) - (f - 1.0)).powf(d / (d - 2.0))) as f32
+            }
+        }
+    }
+
     pub fn forward(&self, x: &Array, offset: RopeOffset<'_>) -> Result<Array, OpError> {
+        let base = match offset {
+            RopeOffset::Static(o) => self.base_for(o + x.dim(-2)?),
+            RopeOffset::Dynamic(_) if self.dynamic.is_some() => {
+                return Err(OpError::new(
+                    "rope",
+                    "dynamic NTK scaling needs a host offset (one row at a time)",
+                ))
+            }
+            RopeOffset::Dynamic(_) => self.base,
+        };
         let x = if self.mscale != 1.0 {
             let rotated = x
                 .slice_axis(-1, 0, self.dims)?
@@ -284,7 +319,7 @@ impl Rope {
         x.rope(
             self.dims,
             self.traditional,
-            self.base,
+            base,
             self.scale,
             offset,
             self.freqs.as_ref(),
@@ -408,12 +443,30 @@ impl Attention {
     ) -> Result<Array, OpError> {
         let b = x.dim(0)?;
         let (q, k, v) = self.project(x)?;
-        let q = self
-            .rope
-            .forward(&q, RopeOffset::Dynamic(&ragged.offsets))?;
-        let k = self
-            .rope
-            .forward(&k, RopeOffset::Dynamic(&ragged.offsets))?;
+        let (q, k) = if self.rope.length_dependent() {
+            // Each row's base depends on its own length: rotate row by row.
+            let per_row = |t: &Array| -> Result<Array, OpError> {
+                let rows: Vec<Array> = ragged
+                    .lengths
+                    .iter()
+                    .enumerate()
+                    .map(|(r, &len)| {
+                        let r = r as i32;
+                        self.rope
+                            .forward(&t.slice_axis(0, r, r + 1)?, RopeOffset::Static(len))
+                    })
+                    .collect::<Result<_, _>>()?;
+                crate::ops::concatenate(&rows.iter().collect::<Vec<_>>(), 0)
+            };
+            (per_row(&q)?, per_row(&k)?)
+        } else {
+            (
+                self.rope
+                    .forward(&q, RopeOffset::Dynamic(&ragged.offsets))?,
+                self.rope
+                    .forward(&k, RopeOffset::Dynamic(&ragged.offsets))?,
+            )
+        };
         let mut keys = Vec::with_capacity(caches.len());
         let mut values = Vec::with_capacity(caches.len());
         for (row, cache) in caches.iter_mut().enumerate() {
@@ -454,6 +507,8 @@ pub struct RaggedBatch {
     /// `[B, 1, 1, max_len]` bool: true where a key is real (left padding is false).
     pub mask: Array,
     pub max_len: i32,
+    /// The same offsets on the host.
+    pub lengths: Vec<i32>,
 }
 
 impl RaggedBatch {
@@ -471,6 +526,7 @@ impl RaggedBatch {
             offsets: Array::from_slice(lengths, &[b]).map_err(host)?,
             mask: Array::from_slice(&mask, &[b, 1, 1, max_len]).map_err(host)?,
             max_len,
+            lengths: lengths.to_vec(),
         })
     }
 }

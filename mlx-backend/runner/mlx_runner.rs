@@ -65,7 +65,7 @@ struct Planned<'a> {
 
 impl MlxModelRunner {
     pub fn new(model: Transformer, config: RunnerConfig) -> MlxModelRunner {
-        let model_max = model.config.max_position_embeddings.max(1);
+        let model_max = model.config.max_context().max(1);
         let max_context = config.max_context.map_or(model_max, |m| m.min(model_max));
         MlxModelRunner {
             kv: KvStore::new(config.kv_budget_tokens, config.kv_step, config.pool_limit),

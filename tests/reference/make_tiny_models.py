@@ -216,6 +216,20 @@ FAMILIES = {
         },
         tie_word_embeddings=True,
     ),
+    # Dynamic NTK (mlx-lm's DynamicNTKScalingRoPE): the base grows once a
+    # sequence passes max_position_embeddings, so a context of 8 makes the
+    # 13-token prompt and every later decode step use a scaled base.
+    "llama_rope_dynamic": dict(
+        model_type="llama",
+        architectures=["LlamaForCausalLM"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        max_position_embeddings=8,
+        rope_scaling={"type": "dynamic", "factor": 2.0},
+        tie_word_embeddings=True,
+    ),
 }
 
 # (folder, family, dtype of the weights, (group_size, bits) or None).
@@ -228,6 +242,7 @@ VARIANTS = [
     ("llama_rope-f32", "llama_rope", "float32", None),
     ("llama_rope_linear-f32", "llama_rope_linear", "float32", None),
     ("llama_rope_yarn-f32", "llama_rope_yarn", "float32", None),
+    ("llama_rope_dynamic-f32", "llama_rope_dynamic", "float32", None),
     ("qwen2-f32", "qwen2", "float32", None),
     ("qwen2-bf16", "qwen2", "bfloat16", None),
     ("qwen2-q4", "qwen2", "float32", (32, 4)),
