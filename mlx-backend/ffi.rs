@@ -438,6 +438,7 @@ pub(crate) mod bridge {
         #[allow(clippy::too_many_arguments)]
         fn gate_qmv_silu_mul_cpu(
             dtype: i32,
+            params_dtype: i32,
             x: &[u8],
             gate_w: &[u32],
             gate_scales: &[u8],
@@ -455,6 +456,7 @@ pub(crate) mod bridge {
         #[allow(clippy::too_many_arguments)]
         fn gather_gate_qmv_silu_mul_cpu(
             dtype: i32,
+            params_dtype: i32,
             x: &[u8],
             x_row_for: &[u32],
             experts: &[u32],

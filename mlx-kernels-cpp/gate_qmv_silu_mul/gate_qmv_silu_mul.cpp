@@ -53,7 +53,8 @@ void GateQmvSiluMulPrimitive::eval_cpu(
         return rust::Slice<const uint32_t>(inputs[i].data<uint32_t>(), inputs[i].size());
       };
       if (!gate_qmv_silu_mul_cpu(
-              static_cast<int32_t>(inputs[0].dtype().val()), bytes_of(inputs[0]), words(1),
+              static_cast<int32_t>(inputs[0].dtype().val()),
+              static_cast<int32_t>(inputs[2].dtype().val()), bytes_of(inputs[0]), words(1),
               bytes_of(inputs[2]), bytes_of(inputs[3]), words(4), bytes_of(inputs[5]),
               bytes_of(inputs[6]), bits, group, bytes_of_mut(out), m, n, k)) {
         poison(out);
@@ -73,7 +74,8 @@ void GateQmvSiluMulPrimitive::eval_cpu(
       x_row_for[i] = static_cast<uint32_t>(i / top_k);
     }
     if (!gather_gate_qmv_silu_mul_cpu(
-            static_cast<int32_t>(inputs[0].dtype().val()), bytes_of(inputs[0]),
+            static_cast<int32_t>(inputs[0].dtype().val()),
+            static_cast<int32_t>(inputs[3].dtype().val()), bytes_of(inputs[0]),
             rust::Slice<const uint32_t>(x_row_for.data(), x_row_for.size()), words(1), words(2),
             bytes_of(inputs[3]), bytes_of(inputs[4]), words(5), bytes_of(inputs[6]),
             bytes_of(inputs[7]), bits, group, experts, bytes_of_mut(out), n, k)) {

@@ -214,7 +214,7 @@ pub(crate) fn qdot2_scaled<T: Element>(
 ) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
     if avx {
-        // SAFETY: `avx` comes from runtime detection of AVX2 and FMA.
+        // SAFETY: `avx` comes from runtime detection of AVX2, FMA and F16C.
         return unsafe {
             if lay.bits == 4 {
                 x86::qdot2::<T, 4>(g, u, xp, lay)
@@ -228,7 +228,14 @@ pub(crate) fn qdot2_scaled<T: Element>(
 }
 
 /// `Σ bias · (sum of x over the group)`: the bias part of a row's dot product.
-pub(crate) fn bias_term<T: Element>(biases: &[T], sums: &[f32]) -> f32 {
+/// `avx`: eight groups at a time (F16C widens f16 biases).
+pub(crate) fn bias_term<T: Element>(biases: &[T], sums: &[f32], avx: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: `avx` comes from runtime detection of AVX2, FMA and F16C.
+        return unsafe { x86::bias_term(biases, sums) };
+    }
+    let _ = avx;
     biases.iter().zip(sums).map(|(b, s)| b.to_f32() * s).sum()
 }
 
@@ -256,7 +263,7 @@ fn qdot_scalar<T: Element>(row: &QRow<T>, xp: &[f32], lay: &Layout, first_block:
 pub(crate) fn dequant<T: Element>(row: &QRow<T>, lay: &Layout, dst: &mut [f32], avx: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx {
-        // SAFETY: `avx` comes from runtime detection of AVX2 and FMA.
+        // SAFETY: `avx` comes from runtime detection of AVX2, FMA and F16C.
         return unsafe {
             if lay.bits == 4 {
                 x86::dequant::<T, 4>(row, lay, dst)
@@ -294,20 +301,50 @@ mod x86 {
     /// Per-lane group parameter for block `b`: a block of 8 words spans at
     /// most two groups (4-bit, group 32), split between lanes 3 and 4.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn lane_params<T: Element>(params: &[T], lay: &Layout, b: usize) -> __m256 {
         let (g0, g1) = (lay.group_of_word(b * 8), lay.group_of_word(b * 8 + 7));
-        let lo = params[g0].to_f32();
         if g0 == g1 {
-            _mm256_set1_ps(lo)
+            // SAFETY: this function's target features include F16C.
+            _mm256_set1_ps(unsafe { T::widen1(params[g0]) })
         } else {
-            _mm256_setr_m128(_mm_set1_ps(lo), _mm_set1_ps(params[g1].to_f32()))
+            // A block spans at most two groups: g1 = g0 + 1.
+            let pair = &params[g0..g0 + 2];
+            // SAFETY: `pair` holds 2 elements; the target features include F16C.
+            let v = unsafe { T::widen2(pair.as_ptr()) };
+            let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+            _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), idx)
         }
+    }
+
+    /// [`super::bias_term`], eight groups per FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn bias_term<T: Element>(biases: &[T], sums: &[f32]) -> f32 {
+        let n = biases.len().min(sums.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: `i + 8 <= n` bounds both loads.
+            acc = unsafe {
+                _mm256_fmadd_ps(
+                    T::load8(biases.as_ptr().add(i)),
+                    _mm256_loadu_ps(sums.as_ptr().add(i)),
+                    acc,
+                )
+            };
+            i += 8;
+        }
+        let mut total = hsum(acc);
+        for (b, s) in biases[i..n].iter().zip(&sums[i..n]) {
+            // SAFETY: this function's target features include F16C.
+            total += unsafe { T::widen1(*b) } * s;
+        }
+        total
     }
 
     /// Unpacked value `v` of each of the 8 words, as f32.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn unpack<const BITS: u32>(w: __m256i, v: usize) -> __m256 {
         let shift = _mm256_set1_epi32((BITS as usize * v) as i32);
         let mask = _mm256_set1_epi32(((1u32 << BITS) - 1) as i32);
@@ -315,8 +352,8 @@ mod x86 {
     }
 
     /// # Safety
-    /// Needs AVX2+FMA; `xp` must hold `lay.k` values and rows `lay.words_per_row` words.
-    #[target_feature(enable = "avx2,fma")]
+    /// Needs AVX2, FMA and F16C; `xp` must hold `lay.k` values and rows `lay.words_per_row` words.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn qdot2<T: Element, const BITS: u32>(
         g: &QRow<T>,
         u: &QRow<T>,
@@ -357,8 +394,8 @@ mod x86 {
     }
 
     /// # Safety
-    /// Needs AVX2+FMA; `dst` must hold `lay.k` values and the row `lay.words_per_row` words.
-    #[target_feature(enable = "avx2,fma")]
+    /// Needs AVX2, FMA and F16C; `dst` must hold `lay.k` values and the row `lay.words_per_row` words.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dequant<T: Element, const BITS: u32>(
         row: &QRow<T>,
         lay: &Layout,

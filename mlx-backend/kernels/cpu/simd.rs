@@ -244,6 +244,16 @@ pub(crate) mod avx2 {
         /// # Safety
         /// The CPU has the features above.
         unsafe fn round8(v: __m256) -> __m256;
+        /// One element widened to f32 (exact), inlined into F16C code.
+        ///
+        /// # Safety
+        /// The CPU has the features above.
+        unsafe fn widen1(v: Self) -> f32;
+        /// `p[0..2]` widened to f32 in lanes 0 and 1 (lanes 2, 3 unspecified).
+        ///
+        /// # Safety
+        /// `p` is valid for 2 reads; the CPU has the features above.
+        unsafe fn widen2(p: *const Self) -> __m128;
     }
 
     impl Lanes for f32 {
@@ -264,6 +274,17 @@ pub(crate) mod avx2 {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn round8(v: __m256) -> __m256 {
             v
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn widen1(v: Self) -> f32 {
+            v
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn widen2(p: *const Self) -> __m128 {
+            // SAFETY: the caller guarantees 2 readable elements (8 bytes).
+            _mm_castpd_ps(unsafe { _mm_load_sd(p.cast()) })
         }
     }
 
@@ -286,6 +307,19 @@ pub(crate) mod avx2 {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn round8(v: __m256) -> __m256 {
             _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn widen1(v: Self) -> f32 {
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(v.to_bits() as i32)))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn widen2(p: *const Self) -> __m128 {
+            // SAFETY: the caller guarantees 2 readable elements (4 bytes).
+            _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+                p.cast::<i32>().read_unaligned()
+            }))
         }
     }
 
@@ -330,6 +364,18 @@ pub(crate) mod avx2 {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn round8(v: __m256) -> __m256 {
             _mm256_castsi256_ps(round_bf16_bits(v))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn widen1(v: Self) -> f32 {
+            f32::from_bits((v.to_bits() as u32) << 16)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn widen2(p: *const Self) -> __m128 {
+            // SAFETY: the caller guarantees 2 readable elements (4 bytes).
+            let v = _mm_cvtsi32_si128(unsafe { p.cast::<i32>().read_unaligned() });
+            _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), v))
         }
     }
 

@@ -35,10 +35,10 @@ pub struct QuantExperts<'a, T> {
 }
 
 /// Dense form: `x` is `[m, k]`, `out` is `[m, n]`, both row-major.
-pub fn gate_qmv_silu_mul<T: Element>(
+pub fn gate_qmv_silu_mul<T: Element, P: Element>(
     x: &[T],
-    gate: QuantMatrix<T>,
-    up: QuantMatrix<T>,
+    gate: QuantMatrix<P>,
+    up: QuantMatrix<P>,
     out: &mut [T],
     m: usize,
     n: usize,
@@ -68,12 +68,12 @@ pub fn gate_qmv_silu_mul<T: Element>(
 /// `[experts.len(), n]`. Rows sharing an expert are batched so that
 /// expert's weights are read once.
 #[allow(clippy::too_many_arguments)]
-pub fn gather_gate_qmv_silu_mul<T: Element>(
+pub fn gather_gate_qmv_silu_mul<T: Element, P: Element>(
     x: &[T],
     x_row_for: &[u32],
     experts: &[u32],
-    gate: QuantExperts<T>,
-    up: QuantExperts<T>,
+    gate: QuantExperts<P>,
+    up: QuantExperts<P>,
     out: &mut [T],
     n: usize,
     k: usize,
@@ -145,10 +145,15 @@ fn shared_layout(
 }
 
 /// Fills `dst` (`[n][m]`, transposed) with the activated outputs.
-fn project_rows<T: Element>(px: &PreparedX, gate: &QView<T>, up: &QView<T>, dst: &mut [T]) {
+fn project_rows<T: Element, P: Element>(
+    px: &PreparedX,
+    gate: &QView<P>,
+    up: &QView<P>,
+    dst: &mut [T],
+) {
     let lay = gate.lay;
     let (m, k) = (px.rows, lay.k);
-    let avx = simd::has_avx2_fma();
+    let avx = simd::has_avx2_f16c();
     let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
         for (i, outs) in chunk.chunks_mut(m).enumerate() {
             let (g_row, u_row) = (gate.row(first + i), up.row(first + i));
@@ -193,9 +198,9 @@ fn swiglu<T: Element>(g: f32, u: f32) -> T {
 }
 
 /// Gate and up dot products of one weight row each with the prepared x row.
-fn qdot2<T: Element>(
-    g: &QRow<T>,
-    u: &QRow<T>,
+fn qdot2<P: Element>(
+    g: &QRow<P>,
+    u: &QRow<P>,
     xp: &[f32],
     sums: &[f32],
     lay: &Layout,
@@ -203,15 +208,32 @@ fn qdot2<T: Element>(
 ) -> (f32, f32) {
     let (dg, du) = qdot2_scaled(g, u, xp, lay, avx);
     (
-        dg + bias_term(g.biases, sums),
-        du + bias_term(u.biases, sums),
+        dg + bias_term(g.biases, sums, avx),
+        du + bias_term(u.biases, sums, avx),
     )
 }
 
-/// Entry point from C++ (dense `GateQmvSiluMulPrimitive`); all arrays dense.
+/// x's and the scales' element kinds: one dtype, or f32 x with f16/bf16
+/// scales and biases (promoted per group inside the dot products).
+fn kinds(dtype: i32, params_dtype: i32) -> Result<(FloatKind, FloatKind), KernelError> {
+    let (xk, pk) = (
+        FloatKind::from_code(dtype)?,
+        FloatKind::from_code(params_dtype)?,
+    );
+    if xk != pk && xk != FloatKind::F32 {
+        return Err(KernelError::Unsupported(format!(
+            "x {xk:?} with scales {pk:?}: mixed dtypes need f32 x"
+        )));
+    }
+    Ok((xk, pk))
+}
+
+/// Entry point from C++ (dense `GateQmvSiluMulPrimitive`); all arrays dense;
+/// `dtype` is x's (and out's), `params_dtype` that of scales and biases.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gate_qmv_silu_mul_cpu(
     dtype: i32,
+    params_dtype: i32,
     x: &[u8],
     gate_w: &[u32],
     gate_scales: &[u8],
@@ -227,23 +249,24 @@ pub(crate) fn gate_qmv_silu_mul_cpu(
     k: usize,
 ) -> bool {
     run_entry(Kernel::GateQmvSiluMul, || {
-        with_float!(FloatKind::from_code(dtype)?, T => {
-            let gate = QuantMatrix::<T> {
+        let (xk, pk) = kinds(dtype, params_dtype)?;
+        with_float!(xk, T => with_float!(pk, P => {
+            let gate = QuantMatrix::<P> {
                 w: gate_w,
                 scales: typed(gate_scales)?,
                 biases: typed(gate_biases)?,
                 bits,
                 group_size,
             };
-            let up = QuantMatrix::<T> {
+            let up = QuantMatrix::<P> {
                 w: up_w,
                 scales: typed(up_scales)?,
                 biases: typed(up_biases)?,
                 bits,
                 group_size,
             };
-            gate_qmv_silu_mul(typed(x)?, gate, up, typed_mut(out)?, m, n, k)
-        })
+            gate_qmv_silu_mul::<T, P>(typed(x)?, gate, up, typed_mut(out)?, m, n, k)
+        }))
     })
 }
 
@@ -251,6 +274,7 @@ pub(crate) fn gate_qmv_silu_mul_cpu(
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_gate_qmv_silu_mul_cpu(
     dtype: i32,
+    params_dtype: i32,
     x: &[u8],
     x_row_for: &[u32],
     experts: &[u32],
@@ -268,8 +292,9 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
     k: usize,
 ) -> bool {
     run_entry(Kernel::GateQmvSiluMul, || {
-        with_float!(FloatKind::from_code(dtype)?, T => {
-            let gate = QuantExperts::<T> {
+        let (xk, pk) = kinds(dtype, params_dtype)?;
+        with_float!(xk, T => with_float!(pk, P => {
+            let gate = QuantExperts::<P> {
                 w: gate_w,
                 scales: typed(gate_scales)?,
                 biases: typed(gate_biases)?,
@@ -277,7 +302,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
                 group_size,
                 num_experts,
             };
-            let up = QuantExperts::<T> {
+            let up = QuantExperts::<P> {
                 w: up_w,
                 scales: typed(up_scales)?,
                 biases: typed(up_biases)?,
@@ -285,8 +310,17 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
                 group_size,
                 num_experts,
             };
-            gather_gate_qmv_silu_mul(typed(x)?, x_row_for, experts, gate, up, typed_mut(out)?, n, k)
-        })
+            gather_gate_qmv_silu_mul::<T, P>(
+                typed(x)?,
+                x_row_for,
+                experts,
+                gate,
+                up,
+                typed_mut(out)?,
+                n,
+                k,
+            )
+        }))
     })
 }
 
@@ -416,6 +450,52 @@ mod tests {
         );
     }
 
+    /// f32 x with half scales equals f32 x with those scales widened
+    /// (exactly), bit for bit, in both forms.
+    fn mixed_case<P: Element>(rng: &mut Rng, m: usize, n: usize, k: usize, bits: u32) {
+        let widen = |o: &Owned<P>| Owned::<f32> {
+            w: o.w.clone(),
+            scales: o.scales.iter().map(|v| v.to_f32()).collect(),
+            biases: o.biases.iter().map(|v| v.to_f32()).collect(),
+            bits,
+            group_size: o.group_size,
+        };
+        let x: Vec<f32> = rng.elems(m * k, 1.0);
+        let (gate, up) = (
+            Owned::<P>::random(rng, 1, n, k, bits, 32),
+            Owned::<P>::random(rng, 1, n, k, bits, 32),
+        );
+        let (gate32, up32) = (widen(&gate), widen(&up));
+        let mut got = vec![f32::NAN; m * n];
+        let mut want = vec![f32::NAN; m * n];
+        gate_qmv_silu_mul(&x, gate.matrix(), up.matrix(), &mut got, m, n, k).unwrap();
+        gate_qmv_silu_mul(&x, gate32.matrix(), up32.matrix(), &mut want, m, n, k).unwrap();
+        assert_eq!(got, want);
+
+        let mats = 3;
+        let (gate, up) = (
+            Owned::<P>::random(rng, mats, n, k, bits, 32),
+            Owned::<P>::random(rng, mats, n, k, bits, 32),
+        );
+        let (gate32, up32) = (widen(&gate), widen(&up));
+        let experts: Vec<u32> = (0..m as u32).map(|i| (i * 2 + 1) % mats as u32).collect();
+        let rows: Vec<u32> = (0..m as u32).collect();
+        let (g, u) = (gate.experts(mats), up.experts(mats));
+        gather_gate_qmv_silu_mul(&x, &rows, &experts, g, u, &mut got, n, k).unwrap();
+        let (g, u) = (gate32.experts(mats), up32.experts(mats));
+        gather_gate_qmv_silu_mul(&x, &rows, &experts, g, u, &mut want, n, k).unwrap();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn f32_x_with_half_scales() {
+        let mut rng = Rng::new(0x32);
+        for (m, bits) in [(1, 4), (4, 8), (1, 8), (3, 4)] {
+            mixed_case::<f16>(&mut rng, m, 37, 96, bits);
+            mixed_case::<bf16>(&mut rng, m, 37, 256, bits);
+        }
+    }
+
     fn dense_all<T: Element>() {
         let mut rng = Rng::new(0x9a7e_0001);
         for bits in [4, 8] {
@@ -466,7 +546,7 @@ mod tests {
                 &px.perm,
                 &px.group_sums,
                 &lay,
-                simd::has_avx2_fma(),
+                simd::has_avx2_f16c(),
             );
             let slow = qdot2(&gr, &ur, &px.perm, &px.group_sums, &lay, false);
             assert!(
@@ -474,7 +554,7 @@ mod tests {
                 "{fast:?} vs {slow:?}"
             );
             let (mut a, mut b) = (vec![0.0; k], vec![0.0; k]);
-            dequant(&gr, &lay, &mut a, simd::has_avx2_fma());
+            dequant(&gr, &lay, &mut a, simd::has_avx2_f16c());
             dequant(&gr, &lay, &mut b, false);
             assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6));
         }

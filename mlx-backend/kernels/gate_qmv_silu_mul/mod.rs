@@ -11,7 +11,8 @@
 //! (each projection, the sigmoid, silu and the product round to x's dtype).
 //!
 //! Eligibility for the CPU kernel: a CPU stream; x, scales and biases of one
-//! dtype (f16/bf16/f32); 4 or 8 bits. Other valid quantizations (e.g.
+//! dtype (f16/bf16/f32), or f32 x with f16/bf16 scales and biases (the
+//! result is then f32, as MLX promotes); 4 or 8 bits. Other valid quantizations (e.g.
 //! 3-bit) build the fallback: `quantized_matmul` (dense) or `gather_qmm`
 //! with `rhs_indices` (expert-indexed), then `silu(g) * u`.
 
@@ -32,10 +33,13 @@ fn eligibility(x: &Array, gate: &Quantized, up: &Quantized) -> Result<(), Fallba
     if !on_cpu() {
         return Err(FallbackReason::NoKernelForDevice);
     }
-    let dt = x.dtype();
+    let (dt, pt) = (x.dtype(), gate.scales.dtype());
+    let float = |t: Dtype| matches!(t, Dtype::F32 | Dtype::F16 | Dtype::BF16);
     let params = [&gate.scales, &gate.biases, &up.scales, &up.biases];
-    if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
-        || params.iter().any(|a| a.dtype() != dt)
+    if !float(dt)
+        || !float(pt)
+        || params.iter().any(|a| a.dtype() != pt)
+        || (pt != dt && dt != Dtype::F32)
     {
         return Err(FallbackReason::UnsupportedDtype);
     }

@@ -91,8 +91,9 @@ fn for_tiles<T: Send, B>(
 /// Output rows `first..first + dst.len()` for the single x row.
 fn matvec_tile<T: Element, P: Element>(px: &PreparedX, w: &QView<P>, first: usize, dst: &mut [T]) {
     let lay = &w.lay;
-    let avx = simd::has_avx2_fma();
-    let finish = |d: f32, r: usize| T::from_f32(d + bias_term(w.row(r).biases, &px.group_sums));
+    let avx = simd::has_avx2_f16c();
+    let finish =
+        |d: f32, r: usize| T::from_f32(d + bias_term(w.row(r).biases, &px.group_sums, avx));
     let mut pairs = dst.chunks_exact_mut(2);
     let mut r = first;
     for pair in &mut pairs {
@@ -119,7 +120,7 @@ fn tiled<T: Element, P: Element>(
 ) {
     let (m, k) = (px.rows, w.lay.k);
     let rows = dst.len() / m;
-    let avx = simd::has_avx2_fma();
+    let avx = simd::has_avx2_f16c();
     for (i, dq) in buf.chunks_exact_mut(k).take(rows).enumerate() {
         dequant(&w.row(first + i), &w.lay, dq, avx);
     }
