@@ -387,6 +387,17 @@ pub(crate) mod bridge {
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
+        /// Causal (lower-right) or unmasked attention; `q [B, Hq, L, D]`,
+        /// `k, v [B, Hkv, S, D]`.
+        fn kernel_attention(
+            q: &array,
+            k: &array,
+            v: &array,
+            scale: f32,
+            causal: bool,
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
         /// 2 moe_combine) built fused or as the fallback.
         fn kernel_vjp(
@@ -488,12 +499,32 @@ pub(crate) mod bridge {
             n: usize,
             k: usize,
         ) -> bool;
+        #[allow(clippy::too_many_arguments)]
+        fn attention_cpu(
+            dtype: i32,
+            q: &[u8],
+            q_strides: &[usize],
+            k: &[u8],
+            k_strides: &[usize],
+            v: &[u8],
+            v_strides: &[usize],
+            out: &mut [u8],
+            b: usize,
+            hq: usize,
+            hkv: usize,
+            l: usize,
+            s: usize,
+            d: usize,
+            scale: f32,
+            causal: bool,
+        ) -> bool;
     }
 }
 
 pub(crate) use bridge::*;
 
 // The Rust side of the "CPU kernels called from C++" section.
+use crate::kernels::attention::cpu::attention_cpu;
 use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
 use crate::kernels::moe_combine::cpu::moe_combine_cpu;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;

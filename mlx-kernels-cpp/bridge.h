@@ -287,6 +287,7 @@ rust::Vec<rust::String> gguf_metadata_strings(const GgufFile& f, rust::Str key);
 } // namespace mlx_backend
 
 // ---- custom primitives (one folder per kernel)
+#include "attention/attention.h"
 #include "common/grad_check.h"
 #include "gate_qmv_silu_mul/gate_qmv_silu_mul.h"
 #include "moe_combine/moe_combine.h"

@@ -4,13 +4,15 @@
 //! * [`rms_norm()`] / [`rms_norm_residual()`]: RMSNorm, optionally fused with the residual add;
 //! * [`moe_combine()`]: the weighted sum of the top-k expert outputs;
 //! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection;
-//! * [`quantized_matmul()`]: `x·Wᵀ` on affine-quantized weights (linears, tied lm_head).
+//! * [`quantized_matmul()`]: `x·Wᵀ` on affine-quantized weights (linears, tied lm_head);
+//! * [`attention()`]: causal or unmasked scaled dot-product attention (GQA).
 //!
 //! Every op checks its contract (an [`OpError`] names what is wrong), then
 //! asks the [`registry`] whether to build the fused Primitive or the
 //! fallback; the decision and its reason are counted. On a GPU stream the
 //! fallback is used until the GPU kernels exist.
 
+pub mod attention;
 mod cpu;
 pub mod gate_qmv_silu_mul;
 pub mod moe_combine;
@@ -18,6 +20,7 @@ pub mod quantized_matmul;
 pub mod registry;
 pub mod rms_norm;
 
+pub use attention::attention;
 pub use gate_qmv_silu_mul::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul};
 pub use moe_combine::moe_combine;
 pub use quantized_matmul::quantized_matmul;
@@ -58,7 +61,7 @@ pub struct QuantSpec {
 /// One warmup run: a kernel, a dtype and a shape (per kernel: `[rows,
 /// hidden]` for rms_norm, `[tokens, top_k, hidden]` for moe_combine,
 /// `[rows, K, N]` or `[rows, K, N, E, top_k]` for gate_qmv_silu_mul,
-/// `[rows, K, N]` for quantized_matmul).
+/// `[rows, K, N]` for quantized_matmul, `[B, Hq, Hkv, L, S, D]` for attention).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarmupSpec {
     pub kernel: Kernel,
@@ -131,6 +134,7 @@ pub fn warmup_specs(kernel: Kernel) -> Vec<WarmupSpec> {
             },
             &WARMUP_DTYPES,
         ),
+        Kernel::Attention => attention::warmup_specs(&[(9, 3, 64)], &WARMUP_DTYPES),
     }
 }
 
@@ -198,6 +202,7 @@ pub fn warmup_with(specs: &[WarmupSpec]) -> Result<WarmupReport, WarmupError> {
             Kernel::MoeCombine => moe_combine::run_warmup(spec, &key),
             Kernel::GateQmvSiluMul => gate_qmv_silu_mul::run_warmup(spec, &key),
             Kernel::QuantizedMatmul => quantized_matmul::run_warmup(spec, &key),
+            Kernel::Attention => attention::run_warmup(spec, &key),
         }
         .map_err(|source| WarmupError::Op { kernel, source })?;
         let refs: Vec<&Array> = outputs.iter().collect();

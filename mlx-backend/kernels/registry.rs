@@ -22,10 +22,11 @@ pub enum Kernel {
     MoeCombine,
     GateQmvSiluMul,
     QuantizedMatmul,
+    Attention,
 }
 
 /// How many kernels there are.
-const KERNELS: usize = 4;
+const KERNELS: usize = 5;
 
 impl Kernel {
     pub const ALL: [Kernel; KERNELS] = [
@@ -33,6 +34,7 @@ impl Kernel {
         Kernel::MoeCombine,
         Kernel::GateQmvSiluMul,
         Kernel::QuantizedMatmul,
+        Kernel::Attention,
     ];
 
     /// The name used in `MLX_BACKEND_KERNELS`, logs and errors.
@@ -42,6 +44,7 @@ impl Kernel {
             Kernel::MoeCombine => "moe_combine",
             Kernel::GateQmvSiluMul => "gate_qmv_silu_mul",
             Kernel::QuantizedMatmul => "quantized_matmul",
+            Kernel::Attention => "attention",
         }
     }
 
@@ -57,6 +60,7 @@ impl Kernel {
             Kernel::MoeCombine => super::moe_combine::DEFAULT_ENABLED,
             Kernel::GateQmvSiluMul => super::gate_qmv_silu_mul::DEFAULT_ENABLED,
             Kernel::QuantizedMatmul => super::quantized_matmul::DEFAULT_ENABLED,
+            Kernel::Attention => super::attention::DEFAULT_ENABLED,
         }
     }
 
@@ -82,16 +86,20 @@ pub enum FallbackReason {
     UnsupportedDtype,
     /// A valid MLX quantization the kernel does not cover (e.g. 3-bit).
     UnsupportedQuantization,
+    /// A mask (array masks) or shape (causal with more queries than keys)
+    /// the kernel does not cover.
+    UnsupportedMask,
     /// The kernel failed earlier in this process.
     PreviouslyFailed,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 5] = [
+    pub const ALL: [FallbackReason; 6] = [
         FallbackReason::Disabled,
         FallbackReason::NoKernelForDevice,
         FallbackReason::UnsupportedDtype,
         FallbackReason::UnsupportedQuantization,
+        FallbackReason::UnsupportedMask,
         FallbackReason::PreviouslyFailed,
     ];
 
@@ -106,7 +114,7 @@ pub struct KernelStats {
     /// Op builds that used the fused Primitive.
     pub fused: u64,
     /// Op builds that used the fallback, indexed like [`FallbackReason::ALL`].
-    fallbacks: [u64; 5],
+    fallbacks: [u64; 6],
     pub enabled: bool,
     pub failed: bool,
 }
@@ -148,7 +156,7 @@ struct Slot {
     failed: AtomicBool,
     force_failure: AtomicBool,
     fused: AtomicU64,
-    fallbacks: [AtomicU64; 5],
+    fallbacks: [AtomicU64; 6],
 }
 
 struct Registry {
@@ -311,15 +319,21 @@ mod tests {
         assert_eq!(parse_switches(""), [None; KERNELS]);
         assert_eq!(
             parse_switches("rms_norm, -moe_combine"),
-            [Some(true), Some(false), None, None]
+            [Some(true), Some(false), None, None, None]
         );
         assert_eq!(
             parse_switches("-all,gate_qmv_silu_mul,bogus"),
-            [Some(false), Some(false), Some(true), Some(false)]
+            [
+                Some(false),
+                Some(false),
+                Some(true),
+                Some(false),
+                Some(false)
+            ]
         );
         assert_eq!(
             parse_switches("-quantized_matmul"),
-            [None, None, None, Some(false)]
+            [None, None, None, Some(false), None]
         );
     }
 }

@@ -428,7 +428,8 @@ impl Attention {
         let q = self.rope.forward(&q, RopeOffset::Static(offset))?;
         let k = self.rope.forward(&k, RopeOffset::Static(offset))?;
         let (k, v) = cache.update(&k, &v)?;
-        let o = scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
+        // Causal / unmasked go to the attention kernel (through the registry).
+        let o = crate::kernels::attention(&q, &k, &v, self.scale, mask)?;
         self.output(&o, shape[0], shape[1])
     }
 

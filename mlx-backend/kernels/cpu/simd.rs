@@ -196,6 +196,18 @@ pub fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
     w.map(|w| portable::dot(x, w))
 }
 
+/// `y += a·x` elementwise (FMA allowed).
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the required CPU features were detected above.
+        return unsafe { avx2::axpy(y, a, x) };
+    }
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
 mod portable {
     /// Eight independent partial sums so the loop vectorises without fast-math.
     pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -553,6 +565,25 @@ pub(crate) mod avx2 {
             rb += x[j] * b[j];
         }
         (ra, rb)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        // SAFETY: every load and store touches indices < n, within both slices.
+        unsafe {
+            while i + 8 <= n {
+                let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
+                _mm256_storeu_ps(py.add(i), r);
+                i += 8;
+            }
+        }
+        for j in i..n {
+            y[j] += a * x[j];
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
