@@ -2,13 +2,9 @@
 
 mod common;
 
-use common::tiny::{load_tiny, tokens};
+use common::tiny::{load_tiny, runner, tokens};
 use mlx_backend::runner::*;
 use std::collections::HashMap;
-
-fn runner(seed: u64) -> MlxModelRunner {
-    MlxModelRunner::new(load_tiny(seed, true), RunnerConfig::default())
-}
 
 /// Greedy generation of one request alone: prompt in one chunk, then decode.
 fn solo(r: &mut MlxModelRunner, id: RequestId, prompt: &[u32], n: usize) -> Vec<u32> {
@@ -40,6 +36,45 @@ fn solo(r: &mut MlxModelRunner, id: RequestId, prompt: &[u32], n: usize) -> Vec<
     generated
 }
 
+/// Greedy generation of all `prompts` together: one Extend batch, then
+/// Decode batches of every row (ids 0..n), `n` tokens each.
+fn batched(r: &mut MlxModelRunner, prompts: &[Vec<u32>], n: usize) -> Vec<Vec<u32>> {
+    let reqs = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| RequestInput::prompt(i as u64, p.clone(), SamplingParams::greedy()))
+        .collect();
+    let out = r
+        .forward(&ForwardBatch::new(ForwardMode::Extend, reqs))
+        .unwrap();
+    let mut got: Vec<Vec<u32>> = out
+        .outputs
+        .iter()
+        .map(|o| vec![o.next_token.unwrap()])
+        .collect();
+    for _ in 1..n {
+        let reqs = got
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                RequestInput::decode(
+                    i as u64,
+                    *g.last().unwrap(),
+                    prompts[i].len() + g.len() - 1,
+                    SamplingParams::greedy(),
+                )
+            })
+            .collect();
+        let out = r
+            .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
+            .unwrap();
+        for (g, o) in got.iter_mut().zip(&out.outputs) {
+            g.push(o.next_token.unwrap());
+        }
+    }
+    got
+}
+
 #[test]
 fn batched_decode_equals_sequential_for_ragged_lengths() {
     let mut r = runner(1);
@@ -50,39 +85,7 @@ fn batched_decode_equals_sequential_for_ragged_lengths() {
             .enumerate()
             .map(|(i, p)| solo(&mut r, 1000 + i as u64, p, 6))
             .collect();
-        let reqs: Vec<RequestInput> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| RequestInput::prompt(i as u64, p.clone(), SamplingParams::greedy()))
-            .collect();
-        let out = r
-            .forward(&ForwardBatch::new(ForwardMode::Extend, reqs))
-            .unwrap();
-        let mut got: Vec<Vec<u32>> = out
-            .outputs
-            .iter()
-            .map(|o| vec![o.next_token.unwrap()])
-            .collect();
-        for _ in 1..6 {
-            let reqs: Vec<RequestInput> = got
-                .iter()
-                .enumerate()
-                .map(|(i, g)| {
-                    RequestInput::decode(
-                        i as u64,
-                        *g.last().unwrap(),
-                        prompts[i].len() + g.len() - 1,
-                        SamplingParams::greedy(),
-                    )
-                })
-                .collect();
-            let out = r
-                .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
-                .unwrap();
-            for (g, o) in got.iter_mut().zip(&out.outputs) {
-                g.push(o.next_token.unwrap());
-            }
-        }
+        let got = batched(&mut r, &prompts, 6);
         assert_eq!(got, expected, "batch {b}");
         r.release(&(0..b as u64).collect::<Vec<_>>());
     }
@@ -835,38 +838,6 @@ fn batched_decode_with_length_dependent_rope_equals_sequential() {
         .enumerate()
         .map(|(i, p)| solo(&mut r, 100 + i as u64, p, 6))
         .collect();
-    let reqs = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| RequestInput::prompt(i as u64, p.clone(), SamplingParams::greedy()))
-        .collect();
-    let out = r
-        .forward(&ForwardBatch::new(ForwardMode::Extend, reqs))
-        .unwrap();
-    let mut got: Vec<Vec<u32>> = out
-        .outputs
-        .iter()
-        .map(|o| vec![o.next_token.unwrap()])
-        .collect();
-    for _ in 1..6 {
-        let reqs = got
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                RequestInput::decode(
-                    i as u64,
-                    *g.last().unwrap(),
-                    prompts[i].len() + g.len() - 1,
-                    SamplingParams::greedy(),
-                )
-            })
-            .collect();
-        let out = r
-            .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
-            .unwrap();
-        for (g, o) in got.iter_mut().zip(&out.outputs) {
-            g.push(o.next_token.unwrap());
-        }
-    }
+    let got = batched(&mut r, &prompts, 6);
     assert_eq!(got, expected);
 }

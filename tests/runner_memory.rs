@@ -4,12 +4,8 @@
 
 mod common;
 
-use common::tiny::{load_tiny, tokens};
+use common::tiny::{runner, tokens};
 use mlx_backend::runner::*;
-
-fn runner(seed: u64) -> MlxModelRunner {
-    MlxModelRunner::new(load_tiny(seed, true), RunnerConfig::default())
-}
 
 #[test]
 fn request_lifecycles_leave_memory_at_baseline() {

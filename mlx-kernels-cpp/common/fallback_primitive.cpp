@@ -131,6 +131,23 @@ void require_row_contiguous(const mx::array& a, const char* what) {
   }
 }
 
+mx::cpu::CommandEncoder& begin_dense_eval(
+    const mx::Stream& stream,
+    const std::vector<mx::array>& inputs,
+    mx::array& out,
+    const char* what) {
+  for (const auto& in : inputs) {
+    require_row_contiguous(in, what);
+  }
+  allocate(out);
+  auto& enc = mx::cpu::get_command_encoder(stream);
+  for (const auto& in : inputs) {
+    enc.set_input_array(in);
+  }
+  enc.set_output_array(out);
+  return enc;
+}
+
 bool is_float(mx::Dtype t) {
   return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
 }

@@ -68,6 +68,15 @@ void poison(mlx::core::array& out);
 // ever being read as if dense).
 void require_row_contiguous(const mlx::core::array& a, const char* what);
 
+// The start of eval_cpu for ops whose inputs all went through
+// mlx::core::contiguous: checks them, allocates `out` and registers both with
+// the stream's CPU encoder, which it returns for the dispatch.
+mlx::core::cpu::CommandEncoder& begin_dense_eval(
+    const mlx::core::Stream& stream,
+    const std::vector<mlx::core::array>& inputs,
+    mlx::core::array& out,
+    const char* what);
+
 // An input as a kernel reads it: the array itself when it is row-contiguous
 // (the usual case, no copy and no graph node), otherwise a dense buffer
 // allocated in eval_cpu and filled on the stream by fill(), before the

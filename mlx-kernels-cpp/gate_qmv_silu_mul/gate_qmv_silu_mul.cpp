@@ -30,16 +30,8 @@ std::vector<array> concat(std::vector<array> a, const std::vector<array>& b) {
 void GateQmvSiluMulPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
-  for (const auto& in : inputs) {
-    require_row_contiguous(in, "gate_qmv_silu_mul input");
-  }
   auto& out = outputs[0];
-  allocate(out);
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) {
-    enc.set_input_array(in);
-  }
-  enc.set_output_array(out);
+  auto& enc = begin_dense_eval(stream(), inputs, out, "gate_qmv_silu_mul input");
   const auto& x = inputs[0];
   size_t k = x.shape(-1);
   size_t base = indexed_ ? 2 : 1;

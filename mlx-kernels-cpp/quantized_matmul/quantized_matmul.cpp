@@ -16,16 +16,8 @@ constexpr const char* kOp = "quantized_matmul";
 void QuantizedMatmulPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
-  for (const auto& in : inputs) {
-    require_row_contiguous(in, "quantized_matmul input");
-  }
   auto& out = outputs[0];
-  allocate(out);
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (const auto& in : inputs) {
-    enc.set_input_array(in);
-  }
-  enc.set_output_array(out);
+  auto& enc = begin_dense_eval(stream(), inputs, out, "quantized_matmul input");
   size_t k = inputs[0].shape(-1);
   size_t n = inputs[1].shape(-2);
   size_t m = k == 0 ? 0 : inputs[0].size() / k;

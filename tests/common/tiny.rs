@@ -111,3 +111,8 @@ pub fn tokens(seed: u64, n: usize) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A runner over a fresh 4-bit tiny Llama with the default config.
+pub fn runner(seed: u64) -> mlx_backend::runner::MlxModelRunner {
+    mlx_backend::runner::MlxModelRunner::new(load_tiny(seed, true), Default::default())
+}
