@@ -1,6 +1,7 @@
 //! Decode speed of the default model (SmolLM2-135M-Instruct Q4_1 GGUF):
-//! prefill 32 tokens, then 32 greedy decode steps, with the custom
-//! `quantized_matmul` kernel on and off, in the file's dtype and in f32.
+//! prefill 32 tokens, then 32 greedy decode steps, with the fused
+//! `decoder_layer` kernel on and off (off: the blocks run op by op, with the
+//! other kernels), in the file's dtype and in f32.
 //!
 //! `cargo run --release --example bench_decode [path.gguf] [file|f32] [on|off]`
 //! (the optional arguments run one dtype / one kernel setting only).
@@ -65,19 +66,25 @@ fn main() -> anyhow::Result<()> {
             if only_kernel.as_deref().is_some_and(|o| (o == "on") != on) {
                 continue;
             }
-            registry::set_enabled(Kernel::QuantizedMatmul, on);
+            registry::set_enabled(Kernel::DecoderLayer, on);
             run(m, &prompt)?; // warm up
+            let before = registry::snapshot().get(Kernel::DecoderLayer).fused;
             let (prefill, decode, tokens) = run(m, &prompt)?;
+            let fused = registry::snapshot().get(Kernel::DecoderLayer).fused - before;
             let same = reference.get_or_insert_with(|| tokens.clone()) == &tokens;
             println!(
-                "dtype {:>4} quantized_matmul {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
-                 decode {decode:7.1} ms/token ({:5.1} tok/s), tokens same as kernel-on: {same}",
+                "dtype {:>4} decoder_layer {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
+                 decode {decode:7.1} ms/token ({:5.1} tok/s), fused blocks {fused}, \
+                 tokens same as kernel-on: {same}",
                 format!("{}", m.dtype()),
                 if on { "on" } else { "off" },
                 1e3 / decode,
             );
         }
     }
-    registry::set_enabled(Kernel::QuantizedMatmul, true);
+    registry::set_enabled(Kernel::DecoderLayer, true);
+    if let Some(f) = registry::last_failure() {
+        println!("kernel failure: {f:?}");
+    }
     Ok(())
 }

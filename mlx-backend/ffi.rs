@@ -25,6 +25,29 @@ pub(crate) mod bridge {
         device: DeviceSpec,
     }
 
+    /// The geometry of one decoder block for `kernel_decoder_layer`.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct DecoderLayerSpec {
+        batch: usize,
+        hidden: usize,
+        intermediate: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        eps: f32,
+        attn_scale: f32,
+        rope_dims: usize,
+        rope_traditional: bool,
+        rope_base: f32,
+        rope_scale: f32,
+        rope_mscale: f32,
+        has_freqs: bool,
+        has_qkv_bias: bool,
+        has_qk_norm: bool,
+        /// MLX dtype code of the norms, scales and biases (filled by C++).
+        params_dtype: i32,
+    }
+
     unsafe extern "C++" {
         include!("mlx-backend/mlx-kernels-cpp/bridge.h");
 
@@ -398,6 +421,20 @@ pub(crate) mod bridge {
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
+        /// One decoder block for decode rows `x [B, 1, H]`; `params` in
+        /// the order of `kernels::decoder_layer`, `caches` keys and values
+        /// per row. Returns `[out, keys_0', values_0', ...]`.
+        #[allow(clippy::too_many_arguments)]
+        fn kernel_decoder_layer(
+            x: &array,
+            params: &ArrayList,
+            caches: &ArrayList,
+            spec: &DecoderLayerSpec,
+            quant: &[i32],
+            offsets: &[i32],
+            fused: bool,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<ArrayList>>;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
         /// 2 moe_combine) built fused or as the fallback.
         fn kernel_vjp(
@@ -499,6 +536,15 @@ pub(crate) mod bridge {
             n: usize,
             k: usize,
         ) -> bool;
+        /// `inputs`/`outputs`: `(address, bytes)` pairs of MLX buffers.
+        fn decoder_layer_cpu(
+            spec: &DecoderLayerSpec,
+            quant: &[i32],
+            offsets: &[i32],
+            capacities: &[i32],
+            inputs: &[usize],
+            outputs: &[usize],
+        ) -> bool;
         #[allow(clippy::too_many_arguments)]
         fn attention_cpu(
             dtype: i32,
@@ -525,6 +571,7 @@ pub(crate) use bridge::*;
 
 // The Rust side of the "CPU kernels called from C++" section.
 use crate::kernels::attention::cpu::attention_cpu;
+use crate::kernels::decoder_layer::cpu::decoder_layer_cpu;
 use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
 use crate::kernels::moe_combine::cpu::moe_combine_cpu;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;

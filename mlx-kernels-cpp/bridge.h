@@ -289,6 +289,7 @@ rust::Vec<rust::String> gguf_metadata_strings(const GgufFile& f, rust::Str key);
 // ---- custom primitives (one folder per kernel)
 #include "attention/attention.h"
 #include "common/grad_check.h"
+#include "decoder_layer/decoder_layer.h"
 #include "gate_qmv_silu_mul/gate_qmv_silu_mul.h"
 #include "moe_combine/moe_combine.h"
 #include "quantized_matmul/quantized_matmul.h"

@@ -5,8 +5,8 @@ mod kernels_common;
 
 use kernels_common::{bits, normal};
 use mlx_backend::kernels::{
-    self, gate_qmv_silu_mul, moe_combine, registry, rms_norm, FallbackReason, Kernel, ModelDims,
-    MoeDims, QuantSpec,
+    self, gate_qmv_silu_mul, moe_combine, registry, rms_norm, AttentionDims, FallbackReason,
+    Kernel, ModelDims, MoeDims, QuantSpec,
 };
 use mlx_backend::ops::quantize;
 use mlx_backend::Dtype;
@@ -120,6 +120,11 @@ fn warmup_runs_every_enabled_kernel() {
             num_experts: 8,
             top_k: 2,
             intermediate_size: 128,
+        }),
+        attention: Some(AttentionDims {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 64,
         }),
     };
     let report = kernels::warmup_for_model(&dims).unwrap();

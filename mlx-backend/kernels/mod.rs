@@ -5,7 +5,8 @@
 //! * [`moe_combine()`]: the weighted sum of the top-k expert outputs;
 //! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection;
 //! * [`quantized_matmul()`]: `x·Wᵀ` on affine-quantized weights (linears, tied lm_head);
-//! * [`attention()`]: causal or unmasked scaled dot-product attention (GQA).
+//! * [`attention()`]: causal or unmasked scaled dot-product attention (GQA);
+//! * [`decoder_layer()`]: a whole quantized decoder block for decode rows, KV append included.
 //!
 //! Every op checks its contract (an [`OpError`] names what is wrong), then
 //! asks the [`registry`] whether to build the fused Primitive or the
@@ -14,6 +15,7 @@
 
 pub mod attention;
 mod cpu;
+pub mod decoder_layer;
 pub mod gate_qmv_silu_mul;
 pub mod moe_combine;
 pub mod quantized_matmul;
@@ -21,6 +23,7 @@ pub mod registry;
 pub mod rms_norm;
 
 pub use attention::attention;
+pub use decoder_layer::{decoder_layer, DecoderLayer, RopeSpec};
 pub use gate_qmv_silu_mul::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul};
 pub use moe_combine::moe_combine;
 pub use quantized_matmul::quantized_matmul;
@@ -88,6 +91,16 @@ pub struct ModelDims {
     /// The MLP's quantization; `None` for unquantized models.
     pub quant: Option<QuantSpec>,
     pub moe: Option<MoeDims>,
+    /// Attention heads, for the decoder_layer warmup.
+    pub attention: Option<AttentionDims>,
+}
+
+/// The attention part of [`ModelDims`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
 }
 
 /// What a warmup did.
@@ -135,6 +148,14 @@ pub fn warmup_specs(kernel: Kernel) -> Vec<WarmupSpec> {
             &WARMUP_DTYPES,
         ),
         Kernel::Attention => attention::warmup_specs(&[(9, 3, 64)], &WARMUP_DTYPES),
+        Kernel::DecoderLayer => decoder_layer::warmup_specs(
+            &[[1, 576, 1536, 9, 3, 64], [4, 576, 1536, 9, 3, 64]],
+            QuantSpec {
+                bits: 4,
+                group_size: 32,
+            },
+            &WARMUP_DTYPES,
+        ),
     }
 }
 
@@ -160,6 +181,22 @@ pub fn warmup_for_model(dims: &ModelDims) -> Result<WarmupReport, WarmupError> {
         specs.extend(quantized_matmul::warmup_specs(
             &[(h, h), (i, h)],
             32,
+            q,
+            &dtypes,
+        ));
+    }
+    // The fused block runs on f32 activations only.
+    if let (Some(q), Some(a), None, Dtype::F32) = (dims.quant, dims.attention, dims.moe, dims.dtype)
+    {
+        specs.extend(decoder_layer::warmup_specs(
+            &[[
+                1,
+                dims.hidden_size,
+                dims.intermediate_size,
+                a.n_heads,
+                a.n_kv_heads,
+                a.head_dim,
+            ]],
             q,
             &dtypes,
         ));
@@ -203,6 +240,7 @@ pub fn warmup_with(specs: &[WarmupSpec]) -> Result<WarmupReport, WarmupError> {
             Kernel::GateQmvSiluMul => gate_qmv_silu_mul::run_warmup(spec, &key),
             Kernel::QuantizedMatmul => quantized_matmul::run_warmup(spec, &key),
             Kernel::Attention => attention::run_warmup(spec, &key),
+            Kernel::DecoderLayer => decoder_layer::run_warmup(spec, &key),
         }
         .map_err(|source| WarmupError::Op { kernel, source })?;
         let refs: Vec<&Array> = outputs.iter().collect();

@@ -23,10 +23,11 @@ pub enum Kernel {
     GateQmvSiluMul,
     QuantizedMatmul,
     Attention,
+    DecoderLayer,
 }
 
 /// How many kernels there are.
-const KERNELS: usize = 5;
+const KERNELS: usize = 6;
 
 impl Kernel {
     pub const ALL: [Kernel; KERNELS] = [
@@ -35,6 +36,7 @@ impl Kernel {
         Kernel::GateQmvSiluMul,
         Kernel::QuantizedMatmul,
         Kernel::Attention,
+        Kernel::DecoderLayer,
     ];
 
     /// The name used in `MLX_BACKEND_KERNELS`, logs and errors.
@@ -45,6 +47,7 @@ impl Kernel {
             Kernel::GateQmvSiluMul => "gate_qmv_silu_mul",
             Kernel::QuantizedMatmul => "quantized_matmul",
             Kernel::Attention => "attention",
+            Kernel::DecoderLayer => "decoder_layer",
         }
     }
 
@@ -61,6 +64,7 @@ impl Kernel {
             Kernel::GateQmvSiluMul => super::gate_qmv_silu_mul::DEFAULT_ENABLED,
             Kernel::QuantizedMatmul => super::quantized_matmul::DEFAULT_ENABLED,
             Kernel::Attention => super::attention::DEFAULT_ENABLED,
+            Kernel::DecoderLayer => super::decoder_layer::DEFAULT_ENABLED,
         }
     }
 
@@ -319,7 +323,7 @@ mod tests {
         assert_eq!(parse_switches(""), [None; KERNELS]);
         assert_eq!(
             parse_switches("rms_norm, -moe_combine"),
-            [Some(true), Some(false), None, None, None]
+            [Some(true), Some(false), None, None, None, None]
         );
         assert_eq!(
             parse_switches("-all,gate_qmv_silu_mul,bogus"),
@@ -328,12 +332,13 @@ mod tests {
                 Some(false),
                 Some(true),
                 Some(false),
+                Some(false),
                 Some(false)
             ]
         );
         assert_eq!(
             parse_switches("-quantized_matmul"),
-            [None, None, None, Some(false), None]
+            [None, None, None, Some(false), None, None]
         );
     }
 }

@@ -99,4 +99,58 @@ impl LayerKvCache {
         self.values = Some(values);
         Ok(out)
     }
+
+    /// Hands the cache arrays to a fused decode step of one token (see
+    /// `kernels::decoder_layer`), growing them first when full; the cache
+    /// holds no reference meanwhile, so the step can reuse their buffers.
+    /// Returns `(keys, values, offset)`; give the step's outputs back with
+    /// [`LayerKvCache::commit_decode`], or the inputs with
+    /// [`LayerKvCache::restore`] if the step could not be built.
+    pub fn take_for_decode(
+        &mut self,
+        heads: i32,
+        dim: i32,
+        dtype: crate::Dtype,
+    ) -> Result<(Array, Array, i32), OpError> {
+        let prev = self.offset;
+        if self.keys.is_none() || prev + 1 > self.capacity() {
+            let n = self.step.max(1);
+            let grow = || crate::Array::zeros(&[1, heads, n, dim], dtype);
+            // Built from borrows: on an error the cache is left as it was.
+            let grown = match (&self.keys, &self.values) {
+                (Some(old_k), Some(old_v)) => (
+                    crate::ops::concatenate(&[&old_k.slice_axis(2, 0, prev)?, &grow()?], 2)?,
+                    crate::ops::concatenate(&[&old_v.slice_axis(2, 0, prev)?, &grow()?], 2)?,
+                ),
+                _ => (grow()?, grow()?),
+            };
+            self.keys = None;
+            self.values = None;
+            return Ok((grown.0, grown.1, prev));
+        }
+        let k = self.keys.take().expect("checked above");
+        let v = self
+            .values
+            .take()
+            .expect("keys and values are set together");
+        Ok((k, v, prev))
+    }
+
+    /// Rows of the cached arrays (`None` before the first update).
+    pub fn batch(&self) -> Option<i32> {
+        self.keys.as_ref().map(|k| k.shape()[0])
+    }
+
+    /// Stores a fused decode step's updated arrays: one more token cached.
+    pub fn commit_decode(&mut self, keys: Array, values: Array) {
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.offset += 1;
+    }
+
+    /// Puts back what [`LayerKvCache::take_for_decode`] handed out.
+    pub fn restore(&mut self, keys: Array, values: Array) {
+        self.keys = Some(keys);
+        self.values = Some(values);
+    }
 }

@@ -694,3 +694,63 @@ impl SparseMoe {
         Ok(out)
     }
 }
+
+/// The fused decode block's view of one pre-norm layer, when every
+/// projection is quantized (q/k/v biases all present or all absent, none
+/// elsewhere), the MLP is dense SwiGLU and RoPE does not depend on the
+/// sequence length.
+pub(crate) fn fused_decoder_layer<'a>(
+    input_norm: &'a RmsNorm,
+    attn: &'a Attention,
+    post_norm: &'a RmsNorm,
+    mlp: &'a Mlp,
+) -> Option<crate::kernels::DecoderLayer<'a>> {
+    fn quantized(l: &Linear) -> Option<(&Quantized, Option<&Array>)> {
+        match l {
+            Linear::Quantized { q, bias } => Some((q, bias.as_ref())),
+            Linear::Dense { .. } => None,
+        }
+    }
+    let (q, bq) = quantized(&attn.q_proj)?;
+    let (k, bk) = quantized(&attn.k_proj)?;
+    let (v, bv) = quantized(&attn.v_proj)?;
+    let qkv_bias = match (bq, bk, bv) {
+        (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+        (None, None, None) => None,
+        _ => return None,
+    };
+    let mut unbiased = [&attn.o_proj, &mlp.gate_proj, &mlp.up_proj, &mlp.down_proj]
+        .map(|l| quantized(l).filter(|(_, b)| b.is_none()).map(|(q, _)| q));
+    let [o, gate, up, down] = [0, 1, 2, 3].map(|i| unbiased[i].take());
+    let qk_norm = match (&attn.q_norm, &attn.k_norm) {
+        (Some(a), Some(b)) if a.eps == input_norm.eps && b.eps == input_norm.eps => {
+            Some([&a.weight, &b.weight])
+        }
+        (None, None) => None,
+        _ => return None,
+    };
+    let rope = &attn.rope;
+    if rope.dynamic.is_some() || input_norm.eps != post_norm.eps {
+        return None;
+    }
+    Some(crate::kernels::DecoderLayer {
+        input_norm: &input_norm.weight,
+        post_norm: &post_norm.weight,
+        eps: input_norm.eps,
+        projections: [q, k, v, o?, gate?, up?, down?],
+        qkv_bias,
+        qk_norm,
+        n_heads: attn.n_heads,
+        n_kv_heads: attn.n_kv_heads,
+        head_dim: attn.head_dim,
+        attn_scale: attn.scale,
+        rope: crate::kernels::RopeSpec {
+            dims: rope.dims,
+            traditional: rope.traditional,
+            base: rope.base,
+            scale: rope.scale,
+            mscale: rope.mscale,
+            freqs: rope.freqs.as_ref(),
+        },
+    })
+}

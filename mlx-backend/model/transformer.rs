@@ -4,8 +4,11 @@
 use super::config::ModelConfig;
 use super::error::{ForwardError, ModelLoadError};
 use super::kv_cache::LayerKvCache;
-use super::layers::{Attention, Embedding, Linear, Mlp, RaggedBatch, RmsNorm, SparseMoe};
+use super::layers::{
+    fused_decoder_layer, Attention, Embedding, Linear, Mlp, RaggedBatch, RmsNorm, SparseMoe,
+};
 use super::weights::Weights;
+use crate::kernels::{registry, DecoderLayer, Kernel};
 use crate::ops::AttentionMask;
 use crate::{Array, OpError};
 
@@ -58,6 +61,19 @@ impl Block {
             ragged,
         )?)?;
         self.feed_forward_residual(&h)
+    }
+
+    /// This block as one fused decode node, when its weights allow it.
+    fn fused(&self) -> Option<DecoderLayer<'_>> {
+        match &self.feed_forward {
+            FeedForward::Dense(mlp) => fused_decoder_layer(
+                &self.input_layernorm,
+                &self.attention,
+                &self.post_attention_layernorm,
+                mlp,
+            ),
+            FeedForward::Sparse(_) => None,
+        }
     }
 
     fn feed_forward_residual(&self, h: &Array) -> Result<Array, OpError> {
@@ -174,6 +190,28 @@ impl Transformer {
             AttentionMask::None
         };
         let mut h = self.embed_tokens.forward(tokens)?;
+        if l == 1 && shape[0] == 1 {
+            let mut rows: Vec<&mut [LayerKvCache]> = vec![caches];
+            if let Some(layers) = self.fused_layers(&h, &rows) {
+                for (i, layer) in layers.iter().enumerate() {
+                    h = fused_step(&h, layer, &mut rows, i)?;
+                }
+                return self.head(&h);
+            }
+            let [caches] = rows.try_into().ok().expect("one row");
+            return self.forward_layers(h, caches, mask, logits, l);
+        }
+        self.forward_layers(h, caches, mask, logits, l)
+    }
+
+    fn forward_layers(
+        &self,
+        mut h: Array,
+        caches: &mut [LayerKvCache],
+        mask: AttentionMask<'_>,
+        logits: Logits,
+        l: i32,
+    ) -> Result<Array, ForwardError> {
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache, mask)?;
         }
@@ -209,14 +247,46 @@ impl Transformer {
             .iter()
             .map(|c| c.first().map_or(0, |l| l.offset()))
             .collect();
-        let ragged = RaggedBatch::new(&lengths)?;
         let mut h = self.embed_tokens.forward(tokens)?;
+        if let Some(layers) = self.fused_layers(&h, caches) {
+            for (i, layer) in layers.iter().enumerate() {
+                h = fused_step(&h, layer, caches, i)?;
+            }
+            return self.head(&h);
+        }
+        let ragged = RaggedBatch::new(&lengths)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let mut layer_caches: Vec<&mut LayerKvCache> =
                 caches.iter_mut().map(|c| &mut c[i]).collect();
             h = layer.forward_ragged(&h, &mut layer_caches, &ragged)?;
         }
         self.head(&h)
+    }
+
+    /// Every block as a fused decode node, when the kernel is on and takes
+    /// these activations, weights and (single-row) caches; else `None` and
+    /// the blocks run op by op.
+    fn fused_layers(
+        &self,
+        h: &Array,
+        rows: &[&mut [LayerKvCache]],
+    ) -> Option<Vec<DecoderLayer<'_>>> {
+        if !registry::is_enabled(Kernel::DecoderLayer) || registry::has_failed(Kernel::DecoderLayer)
+        {
+            return None;
+        }
+        let layers: Vec<DecoderLayer<'_>> = self
+            .layers
+            .iter()
+            .map(Block::fused)
+            .collect::<Option<_>>()?;
+        let single_row = rows
+            .iter()
+            .all(|r| r.iter().all(|c| c.batch().is_none_or(|b| b == 1)));
+        let eligible = layers
+            .iter()
+            .all(|l| crate::kernels::decoder_layer::eligibility(h.dtype(), l).is_ok());
+        (single_row && eligible).then_some(layers)
     }
 
     fn head(&self, h: &Array) -> Result<Array, ForwardError> {
@@ -245,6 +315,11 @@ impl Transformer {
                 top_k: m.num_experts_per_tok as i32,
                 intermediate_size: m.moe_intermediate_size as i32,
             }),
+            attention: Some(crate::kernels::AttentionDims {
+                n_heads: c.num_attention_heads as i32,
+                n_kv_heads: c.num_key_value_heads as i32,
+                head_dim: c.head_dim as i32,
+            }),
         }
     }
 
@@ -253,5 +328,50 @@ impl Transformer {
         (0..self.layers.len())
             .map(|_| LayerKvCache::new(step))
             .collect()
+    }
+}
+
+/// Runs block `layer_index` as one fused node over every row's cache of
+/// that layer. On an error each cache gets its arrays back unchanged.
+fn fused_step(
+    x: &Array,
+    layer: &DecoderLayer<'_>,
+    rows: &mut [&mut [LayerKvCache]],
+    layer_index: usize,
+) -> Result<Array, OpError> {
+    let (heads, dim) = (layer.n_kv_heads, layer.head_dim);
+    let mut taken = Vec::with_capacity(rows.len());
+    for r in 0..rows.len() {
+        match rows[r][layer_index].take_for_decode(heads, dim, x.dtype()) {
+            Ok(t) => taken.push(t),
+            Err(e) => {
+                for (row, (k, v, _)) in rows.iter_mut().zip(taken) {
+                    row[layer_index].restore(k, v);
+                }
+                return Err(e);
+            }
+        }
+    }
+    let offsets: Vec<i32> = taken.iter().map(|t| t.2).collect();
+    let result = {
+        let refs: Vec<(&Array, &Array)> = taken.iter().map(|(k, v, _)| (k, v)).collect();
+        crate::kernels::decoder_layer(x, layer, &refs, &offsets)
+    };
+    match result {
+        Ok((out, updated)) => {
+            // The inputs are dropped before evaluation so their buffers can
+            // be reused in place.
+            drop(taken);
+            for (row, (k, v)) in rows.iter_mut().zip(updated) {
+                row[layer_index].commit_decode(k, v);
+            }
+            Ok(out)
+        }
+        Err(e) => {
+            for (row, (k, v, _)) in rows.iter_mut().zip(taken) {
+                row[layer_index].restore(k, v);
+            }
+            Err(e)
+        }
     }
 }

@@ -1,0 +1,297 @@
+//! decoder_layer: one whole pre-norm decoder block for decode rows, as a
+//! single MLX node:
+//!
+//! ```text
+//! h   = x + o_proj(attention(rope(q), keys ⊕ rope(k), values ⊕ v))
+//! out = h + down_proj(silu(gate_proj(norm2(h))) * up_proj(norm2(h)))
+//! q, k, v = (q|k|v)_proj(norm1(x)) (+ bias), then per-head q/k RMSNorm
+//! ```
+//!
+//! Contract: `x [B, 1, H]` float (one new token per row); RMSNorm weights
+//! `[H]`; seven affine-quantized projections (q, k, v, o, gate, up, down)
+//! of matching shapes; optional q/k/v biases (Qwen2) and per-head q/k norm
+//! weights `[head_dim]` (Qwen3); RoPE as MLX's `fast::rope` (`dims` even,
+//! ≤ head_dim; a base or explicit frequencies; YaRN's `mscale` on the
+//! rotated features); per row `b` a KV cache `keys, values [1, H_kv,
+//! capacity, head_dim]` in x's dtype and an `offset < capacity`. The row's
+//! new key and value are written at `offset` and it attends to positions
+//! `0..=offset`. Returns `out [B, 1, H]` and each row's updated cache
+//! (same shape; the input buffer is reused when nothing else holds it,
+//! so keep no other reference to a cache you pass in).
+//!
+//! Eligibility for the CPU kernel: a CPU stream; f32 x and caches; norms,
+//! biases, scales and biases of the projections in one float dtype; 4 or
+//! 8 bits. Otherwise the op builds the same block from MLX's ops
+//! (`fast::rms_norm`, `quantized_matmul`, `fast::rope`, `slice_update`,
+//! `fast::scaled_dot_product_attention`), which is also the graph the
+//! Primitive's vjp/jvp/vmap differentiate.
+
+pub(crate) mod cpu;
+
+use super::registry::{FallbackReason, Kernel};
+use super::{build, on_cpu, QuantSpec, WarmupSpec};
+use crate::array::{list, unlist, Array};
+use crate::dtype::Dtype;
+use crate::error::OpError;
+use crate::ffi;
+use crate::ops::{stream, Quantized};
+
+/// On by default: see README.md, "Kernels", for the benchmark.
+pub(crate) const DEFAULT_ENABLED: bool = true;
+
+/// Rotary embedding parameters, as `Array::rope` takes them.
+#[derive(Clone, Copy)]
+pub struct RopeSpec<'a> {
+    pub dims: i32,
+    pub traditional: bool,
+    /// Ignored when `freqs` is given.
+    pub base: f32,
+    pub scale: f32,
+    /// Multiplies the rotated features first (YaRN); 1 otherwise.
+    pub mscale: f32,
+    /// Explicit frequencies `[dims / 2]` (f32), e.g. llama3 or YaRN scaling.
+    pub freqs: Option<&'a Array>,
+}
+
+/// One block's weights and geometry.
+pub struct DecoderLayer<'a> {
+    pub input_norm: &'a Array,
+    pub post_norm: &'a Array,
+    pub eps: f32,
+    /// q, k, v, o, gate, up, down.
+    pub projections: [&'a Quantized; 7],
+    pub qkv_bias: Option<[&'a Array; 3]>,
+    pub qk_norm: Option<[&'a Array; 2]>,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub attn_scale: f32,
+    pub rope: RopeSpec<'a>,
+}
+
+impl DecoderLayer<'_> {
+    /// The float parameters that must share the kernel's dtype.
+    fn float_params(&self) -> Vec<&Array> {
+        let mut all = vec![self.input_norm, self.post_norm];
+        for p in self.projections {
+            all.push(&p.scales);
+            all.push(&p.biases);
+        }
+        all.extend(self.qkv_bias.iter().flatten());
+        all.extend(self.qk_norm.iter().flatten());
+        all
+    }
+
+    /// The Primitive's parameter inputs, in the kernel's order.
+    fn params(&self) -> Vec<&Array> {
+        let mut all = vec![self.input_norm, self.post_norm];
+        for p in self.projections {
+            all.extend([&p.weight, &p.scales, &p.biases]);
+        }
+        all.extend(self.qkv_bias.iter().flatten());
+        all.extend(self.qk_norm.iter().flatten());
+        all.extend(self.rope.freqs);
+        all
+    }
+}
+
+/// Whether the CPU kernel takes activations of `x_dtype` (and caches of
+/// the same dtype) with these weights on the current stream.
+pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackReason> {
+    if !on_cpu() {
+        return Err(FallbackReason::NoKernelForDevice);
+    }
+    let pt = layer.input_norm.dtype();
+    if x_dtype != Dtype::F32
+        || !matches!(pt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+        || layer.float_params().iter().any(|a| a.dtype() != pt)
+        || layer.rope.freqs.is_some_and(|f| f.dtype() != Dtype::F32)
+    {
+        return Err(FallbackReason::UnsupportedDtype);
+    }
+    if layer.projections.iter().any(|p| !matches!(p.bits, 4 | 8)) {
+        return Err(FallbackReason::UnsupportedQuantization);
+    }
+    Ok(())
+}
+
+fn eligibility_with_caches(
+    x: &Array,
+    layer: &DecoderLayer,
+    caches: &[(&Array, &Array)],
+) -> Result<(), FallbackReason> {
+    eligibility(x.dtype(), layer)?;
+    if caches
+        .iter()
+        .any(|(k, v)| k.dtype() != Dtype::F32 || v.dtype() != Dtype::F32)
+    {
+        return Err(FallbackReason::UnsupportedDtype);
+    }
+    Ok(())
+}
+
+/// Runs the block for `x [B, 1, H]`; `caches[b]` and `offsets[b]` are row
+/// `b`'s keys, values and cached length. Returns `out [B, 1, H]` and the
+/// updated `(keys, values)` of every row.
+#[allow(clippy::type_complexity)]
+pub fn decoder_layer(
+    x: &Array,
+    layer: &DecoderLayer,
+    caches: &[(&Array, &Array)],
+    offsets: &[i32],
+) -> Result<(Array, Vec<(Array, Array)>), OpError> {
+    let shape = x.shape();
+    let (batch, hidden) = match shape.as_slice() {
+        [b, 1, h] => (*b, *h),
+        _ => {
+            return Err(OpError::new(
+                "decoder_layer",
+                format!("x must be [B, 1, hidden], got {shape:?}"),
+            ))
+        }
+    };
+    if caches.len() != batch as usize || offsets.len() != batch as usize {
+        return Err(OpError::new(
+            "decoder_layer",
+            format!(
+                "{batch} rows need {batch} caches and offsets, got {} and {}",
+                caches.len(),
+                offsets.len()
+            ),
+        ));
+    }
+    let intermediate = layer.projections[4].weight.dim(0)?;
+    let spec = ffi::DecoderLayerSpec {
+        batch: batch as usize,
+        hidden: hidden as usize,
+        intermediate: intermediate as usize,
+        n_heads: layer.n_heads.max(0) as usize,
+        n_kv_heads: layer.n_kv_heads.max(0) as usize,
+        head_dim: layer.head_dim.max(0) as usize,
+        eps: layer.eps,
+        attn_scale: layer.attn_scale,
+        rope_dims: layer.rope.dims.max(0) as usize,
+        rope_traditional: layer.rope.traditional,
+        rope_base: layer.rope.base,
+        rope_scale: layer.rope.scale,
+        rope_mscale: layer.rope.mscale,
+        has_freqs: layer.rope.freqs.is_some(),
+        has_qkv_bias: layer.qkv_bias.is_some(),
+        has_qk_norm: layer.qk_norm.is_some(),
+        params_dtype: 0,
+    };
+    let quant: Vec<i32> = layer
+        .projections
+        .iter()
+        .flat_map(|p| [p.bits, p.group_size])
+        .collect();
+    let cache_list: Vec<&Array> = caches.iter().flat_map(|(k, v)| [*k, *v]).collect();
+    build(
+        Kernel::DecoderLayer,
+        eligibility_with_caches(x, layer, caches),
+        |fused| {
+            let out = ffi::kernel_decoder_layer(
+                x.inner(),
+                &list(&layer.params()),
+                &list(&cache_list),
+                &spec,
+                &quant,
+                offsets,
+                fused,
+                stream(),
+            )
+            .map_err(OpError::from_cxx("decoder_layer"))?;
+            let mut arrays = unlist(&out).into_iter();
+            let out = arrays.next().expect("the op returns out first");
+            let mut rows = Vec::with_capacity(caches.len());
+            while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
+                rows.push((k, v));
+            }
+            Ok((out, rows))
+        },
+    )
+}
+
+/// Warmup inputs: shape `[B, H, I, n_heads, n_kv_heads, head_dim]`.
+pub(crate) fn warmup_specs(
+    shapes: &[[i32; 6]],
+    quant: QuantSpec,
+    dtypes: &[Dtype],
+) -> Vec<WarmupSpec> {
+    let mut specs = Vec::new();
+    for &dtype in dtypes {
+        for shape in shapes {
+            specs.push(WarmupSpec {
+                kernel: Kernel::DecoderLayer,
+                dtype,
+                shape: shape.to_vec(),
+                quant: Some(quant),
+            });
+        }
+    }
+    specs
+}
+
+/// A random block of `spec`'s shape over 8-position caches (offsets 3..).
+pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, OpError> {
+    let quant = spec.quant.unwrap_or(QuantSpec {
+        bits: 4,
+        group_size: 32,
+    });
+    let [b, h, i, nq, nkv, d] = spec.shape[..] else {
+        return Err(OpError::new("decoder_layer", "warmup shape needs 6 dims"));
+    };
+    let normal = |shape: &[i32], scale: f32, dtype: Dtype| {
+        crate::ops::random::normal(shape, dtype, 0.0, scale, Some(key))
+    };
+    let qz = |n: i32, k: i32| -> Result<Quantized, OpError> {
+        crate::ops::quantize(
+            &normal(&[n, k], 0.05, spec.dtype)?,
+            quant.group_size,
+            quant.bits,
+        )
+    };
+    let projections = [
+        qz(nq * d, h)?,
+        qz(nkv * d, h)?,
+        qz(nkv * d, h)?,
+        qz(h, nq * d)?,
+        qz(i, h)?,
+        qz(i, h)?,
+        qz(h, i)?,
+    ];
+    let norm = normal(&[h], 1.0, spec.dtype)?;
+    let layer = DecoderLayer {
+        input_norm: &norm,
+        post_norm: &norm,
+        eps: 1e-5,
+        projections: projections.each_ref(),
+        qkv_bias: None,
+        qk_norm: None,
+        n_heads: nq,
+        n_kv_heads: nkv,
+        head_dim: d,
+        attn_scale: (d as f32).powf(-0.5),
+        rope: RopeSpec {
+            dims: d,
+            traditional: false,
+            base: 10000.0,
+            scale: 1.0,
+            mscale: 1.0,
+            freqs: None,
+        },
+    };
+    let x = normal(&[b, 1, h], 1.0, Dtype::F32)?;
+    let cache: Vec<(Array, Array)> = (0..b)
+        .map(|_| {
+            Ok((
+                normal(&[1, nkv, 8, d], 1.0, Dtype::F32)?,
+                normal(&[1, nkv, 8, d], 1.0, Dtype::F32)?,
+            ))
+        })
+        .collect::<Result<_, OpError>>()?;
+    let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
+    let offsets: Vec<i32> = (0..b).map(|r| 3 + r % 4).collect();
+    let (out, _) = decoder_layer(&x, &layer, &refs, &offsets)?;
+    Ok(vec![out])
+}

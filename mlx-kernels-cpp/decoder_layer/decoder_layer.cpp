@@ -1,0 +1,375 @@
+#include "decoder_layer/decoder_layer.h"
+
+#include "common/quant_check.h"
+#include "mlx-backend/mlx-backend/ffi.rs.h"
+
+namespace mx = mlx::core;
+
+namespace mlx_backend {
+
+namespace {
+
+constexpr const char* kOp = "decoder_layer";
+constexpr int kProjections = 7;
+const char* const kProjectionNames[kProjections] = {"q", "k", "v", "o", "gate", "up", "down"};
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument(std::string(kOp) + ": " + msg);
+}
+
+void check_vector(const array& a, int n, const std::string& what) {
+  if (a.ndim() != 1 || a.shape(0) != n) {
+    fail(what + " must be [" + std::to_string(n) + "], got " + shape_str(a.shape()));
+  }
+}
+
+// (in, out) features of each projection.
+std::array<std::pair<int, int>, kProjections> projection_dims(const LayerConfig& c) {
+  int q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim;
+  return {{
+      {c.hidden, q},
+      {c.hidden, kv},
+      {c.hidden, kv},
+      {q, c.hidden},
+      {c.hidden, c.intermediate},
+      {c.hidden, c.intermediate},
+      {c.intermediate, c.hidden},
+  }};
+}
+
+void check_contract(
+    const array& x,
+    const std::vector<array>& params,
+    const std::vector<array>& caches,
+    const LayerConfig& c) {
+  if (x.ndim() != 3 || x.shape(1) != 1 || x.shape(0) < 1) {
+    fail("x must be [B, 1, hidden] (one decode token per row), got " + shape_str(x.shape()));
+  }
+  if (!is_float(x.dtype())) {
+    fail("x must be a float array");
+  }
+  if (x.shape(0) != c.batch || x.shape(2) != c.hidden) {
+    fail("x " + shape_str(x.shape()) + " does not match batch " + std::to_string(c.batch) +
+         " and hidden " + std::to_string(c.hidden));
+  }
+  if (c.n_heads < 1 || c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0 || c.head_dim < 1) {
+    fail("query heads must be a positive multiple of kv heads");
+  }
+  if (c.rope_dims < 2 || c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim) {
+    fail("rope dims must be even and at most head_dim");
+  }
+  if (static_cast<int>(c.quant.size()) != 2 * kProjections) {
+    fail("quant must hold (bits, group_size) for 7 projections");
+  }
+  if (params.size() != c.param_inputs() - 1) {
+    fail("expected " + std::to_string(c.param_inputs() - 1) + " parameter arrays, got " +
+         std::to_string(params.size()));
+  }
+  if (static_cast<int>(caches.size()) != 2 * c.batch ||
+      static_cast<int>(c.offsets.size()) != c.batch) {
+    fail("need keys, values and an offset per row");
+  }
+  check_vector(params[0], c.hidden, "input norm weight");
+  check_vector(params[1], c.hidden, "post-attention norm weight");
+  auto dims = projection_dims(c);
+  size_t i = 2;
+  for (int p = 0; p < kProjections; ++p, i += 3) {
+    std::vector<array> q{params[i], params[i + 1], params[i + 2]};
+    check_quant_matrix(
+        kOp, kProjectionNames[p], q, dims[p].first, c.quant[2 * p + 1], c.quant[2 * p],
+        {dims[p].second});
+  }
+  if (c.has_qkv_bias) {
+    for (int p = 0; p < 3; ++p) {
+      check_vector(params[i++], dims[p].second, std::string(kProjectionNames[p]) + " bias");
+    }
+  }
+  if (c.has_qk_norm) {
+    check_vector(params[i++], c.head_dim, "q norm weight");
+    check_vector(params[i++], c.head_dim, "k norm weight");
+  }
+  if (c.has_freqs) {
+    check_vector(params[i++], c.rope_dims / 2, "rope frequencies");
+  }
+  for (int b = 0; b < c.batch; ++b) {
+    const auto& k = caches[2 * b];
+    const auto& v = caches[2 * b + 1];
+    if (k.ndim() != 4 || k.shape() != v.shape() || k.shape(0) != 1 ||
+        k.shape(1) != c.n_kv_heads || k.shape(3) != c.head_dim) {
+      fail("cache " + std::to_string(b) + " must be keys and values [1, " +
+           std::to_string(c.n_kv_heads) + ", capacity, " + std::to_string(c.head_dim) +
+           "], got " + shape_str(k.shape()) + " and " + shape_str(v.shape()));
+    }
+    if (k.dtype() != x.dtype() || v.dtype() != x.dtype()) {
+      fail("caches must have x's dtype");
+    }
+    if (c.offsets[b] < 0 || c.offsets[b] >= k.shape(2)) {
+      fail("offset " + std::to_string(c.offsets[b]) + " of row " + std::to_string(b) +
+           " leaves no room in capacity " + std::to_string(k.shape(2)));
+    }
+  }
+}
+
+// The block from MLX's ops: what the kernel computes, op for op as the
+// model's unfused layers build it.
+std::vector<array> fallback_graph(const std::vector<array>& in, const LayerConfig& c, mx::Stream s) {
+  const auto& x = in[0];
+  const int B = c.batch, D = c.head_dim, nq = c.n_heads, nkv = c.n_kv_heads;
+  size_t i = 1;
+  const auto& ln1 = in[i++];
+  const auto& ln2 = in[i++];
+  const size_t proj0 = i;
+  i += 3 * kProjections;
+  auto qmm = [&](const array& a, int p) {
+    size_t w = proj0 + 3 * p;
+    return mx::quantized_matmul(
+        a, in[w], in[w + 1], in[w + 2], true, c.quant[2 * p + 1], c.quant[2 * p], "affine", s);
+  };
+  auto h = mx::fast::rms_norm(x, ln1, c.eps, s);
+  auto q = qmm(h, 0), k = qmm(h, 1), v = qmm(h, 2);
+  if (c.has_qkv_bias) {
+    q = mx::add(q, in[i++], s);
+    k = mx::add(k, in[i++], s);
+    v = mx::add(v, in[i++], s);
+  }
+  q = mx::reshape(q, {B, 1, nq, D}, s);
+  k = mx::reshape(k, {B, 1, nkv, D}, s);
+  v = mx::reshape(v, {B, 1, nkv, D}, s);
+  if (c.has_qk_norm) {
+    q = mx::fast::rms_norm(q, in[i++], c.eps, s);
+    k = mx::fast::rms_norm(k, in[i++], c.eps, s);
+  }
+  std::optional<array> freqs;
+  if (c.has_freqs) {
+    freqs = in[i++];
+  }
+  q = mx::transpose(q, {0, 2, 1, 3}, s);
+  k = mx::transpose(k, {0, 2, 1, 3}, s);
+  v = mx::transpose(v, {0, 2, 1, 3}, s);
+  auto rope = [&](array t, int offset) {
+    if (c.rope_mscale != 1.0f) {
+      auto rotated = mx::multiply(
+          mx::slice(t, {0, 0, 0, 0}, {t.shape(0), t.shape(1), t.shape(2), c.rope_dims}, s),
+          mx::array(c.rope_mscale, t.dtype()), s);
+      t = c.rope_dims < D
+          ? mx::concatenate(
+                {rotated,
+                 mx::slice(t, {0, 0, 0, c.rope_dims}, {t.shape(0), t.shape(1), t.shape(2), D}, s)},
+                -1, s)
+          : rotated;
+    }
+    std::optional<float> base;
+    if (!freqs) {
+      base = c.rope_base;
+    }
+    return mx::fast::rope(t, c.rope_dims, c.rope_traditional, base, c.rope_scale, offset, freqs, s);
+  };
+  std::vector<array> rows, new_caches;
+  for (int b = 0; b < B; ++b) {
+    int off = c.offsets[b];
+    auto qb = rope(mx::slice(q, {b, 0, 0, 0}, {b + 1, nq, 1, D}, s), off);
+    auto kb = rope(mx::slice(k, {b, 0, 0, 0}, {b + 1, nkv, 1, D}, s), off);
+    auto vb = mx::slice(v, {b, 0, 0, 0}, {b + 1, nkv, 1, D}, s);
+    auto keys = mx::slice_update(in[i + 2 * b], kb, mx::Shape{0, 0, off, 0}, mx::Shape{1, nkv, off + 1, D}, s);
+    auto values = mx::slice_update(in[i + 2 * b + 1], vb, mx::Shape{0, 0, off, 0}, mx::Shape{1, nkv, off + 1, D}, s);
+    rows.push_back(mx::fast::scaled_dot_product_attention(
+        qb, mx::slice(keys, {0, 0, 0, 0}, {1, nkv, off + 1, D}, s),
+        mx::slice(values, {0, 0, 0, 0}, {1, nkv, off + 1, D}, s), c.attn_scale, "",
+        std::nullopt, std::nullopt, false, s));
+    new_caches.push_back(keys);
+    new_caches.push_back(values);
+  }
+  auto o = mx::reshape(
+      mx::transpose(mx::concatenate(rows, 0, s), {0, 2, 1, 3}, s), {B, 1, nq * D}, s);
+  auto h1 = mx::add(x, qmm(o, 3), s);
+  auto hn = mx::fast::rms_norm(h1, ln2, c.eps, s);
+  auto g = qmm(hn, 4);
+  auto act = mx::multiply(mx::multiply(g, mx::sigmoid(g, s), s), qmm(hn, 5), s);
+  std::vector<array> out{mx::add(h1, qmm(act, 6), s)};
+  out.insert(out.end(), new_caches.begin(), new_caches.end());
+  return out;
+}
+
+DecoderLayerSpec to_spec(const LayerConfig& c, const array& params_like) {
+  DecoderLayerSpec s;
+  s.batch = c.batch;
+  s.hidden = c.hidden;
+  s.intermediate = c.intermediate;
+  s.n_heads = c.n_heads;
+  s.n_kv_heads = c.n_kv_heads;
+  s.head_dim = c.head_dim;
+  s.eps = c.eps;
+  s.attn_scale = c.attn_scale;
+  s.rope_dims = c.rope_dims;
+  s.rope_traditional = c.rope_traditional;
+  s.rope_base = c.rope_base;
+  s.rope_scale = c.rope_scale;
+  s.rope_mscale = c.rope_mscale;
+  s.has_freqs = c.has_freqs;
+  s.has_qkv_bias = c.has_qkv_bias;
+  s.has_qk_norm = c.has_qk_norm;
+  s.params_dtype = static_cast<int32_t>(params_like.dtype().val());
+  return s;
+}
+
+LayerConfig from_spec(
+    const DecoderLayerSpec& s,
+    rust::Slice<const int32_t> quant,
+    rust::Slice<const int32_t> offsets) {
+  return LayerConfig{
+      static_cast<int>(s.batch),
+      static_cast<int>(s.hidden),
+      static_cast<int>(s.intermediate),
+      static_cast<int>(s.n_heads),
+      static_cast<int>(s.n_kv_heads),
+      static_cast<int>(s.head_dim),
+      s.eps,
+      s.attn_scale,
+      static_cast<int>(s.rope_dims),
+      s.rope_traditional,
+      s.rope_base,
+      s.rope_scale,
+      s.rope_mscale,
+      s.has_freqs,
+      s.has_qkv_bias,
+      s.has_qk_norm,
+      std::vector<int>(quant.begin(), quant.end()),
+      std::vector<int>(offsets.begin(), offsets.end()),
+  };
+}
+
+void push_buffer(std::vector<size_t>& table, const array& a) {
+  table.push_back(reinterpret_cast<size_t>(a.data<uint8_t>()));
+  table.push_back(a.nbytes());
+}
+
+} // namespace
+
+size_t LayerConfig::param_inputs() const {
+  return 1 + 2 + 3 * kProjections + (has_qkv_bias ? 3 : 0) + (has_qk_norm ? 2 : 0) +
+      (has_freqs ? 1 : 0);
+}
+
+void DecoderLayerPrimitive::eval_cpu(
+    const std::vector<array>& inputs,
+    std::vector<array>& outputs) {
+  const size_t n_params = config_.param_inputs();
+  for (size_t i = 0; i < n_params; ++i) {
+    require_row_contiguous(inputs[i], "decoder_layer input");
+  }
+  allocate(outputs[0]);
+  // A cache whose buffer nothing else holds is updated in place (as MLX's
+  // slice_update does); any other is copied into a fresh buffer first.
+  std::vector<std::pair<array, array>> copies;
+  for (size_t c = 0; c + n_params < inputs.size(); ++c) {
+    const auto& in = inputs[n_params + c];
+    auto& out = outputs[1 + c];
+    if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
+      out.copy_shared_buffer(in);
+    } else {
+      allocate(out);
+      copies.emplace_back(in, out);
+    }
+  }
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) {
+    enc.set_input_array(in);
+  }
+  for (auto& out : outputs) {
+    enc.set_output_array(out);
+  }
+  std::vector<size_t> in_table, out_table;
+  for (size_t i = 0; i < n_params; ++i) {
+    push_buffer(in_table, inputs[i]);
+  }
+  for (const auto& out : outputs) {
+    push_buffer(out_table, out);
+  }
+  std::vector<int32_t> capacities;
+  for (int b = 0; b < config_.batch; ++b) {
+    capacities.push_back(inputs[n_params + 2 * b].shape(2));
+  }
+  auto spec = to_spec(config_, inputs[1]);
+  std::vector<int32_t> quant(config_.quant.begin(), config_.quant.end());
+  std::vector<int32_t> offsets(config_.offsets.begin(), config_.offsets.end());
+  std::vector<array> keep(inputs.begin(), inputs.begin() + n_params);
+  enc.dispatch([keep = std::move(keep), outputs, copies = std::move(copies), in_table,
+                out_table, spec, quant, offsets, capacities]() mutable {
+    for (auto& [src, dst] : copies) {
+      DenseInput dense(src, "decoder_layer cache");
+      dense.fill();
+      std::memcpy(dst.data<uint8_t>(), dense.get().data<uint8_t>(), dst.nbytes());
+    }
+    if (!decoder_layer_cpu(
+            spec, rust::Slice<const int32_t>(quant.data(), quant.size()),
+            rust::Slice<const int32_t>(offsets.data(), offsets.size()),
+            rust::Slice<const int32_t>(capacities.data(), capacities.size()),
+            rust::Slice<const size_t>(in_table.data(), in_table.size()),
+            rust::Slice<const size_t>(out_table.data(), out_table.size()))) {
+      for (auto& out : outputs) {
+        poison(out);
+      }
+    }
+  });
+}
+
+bool DecoderLayerPrimitive::is_equivalent(const mx::Primitive& other) const {
+  auto o = dynamic_cast<const DecoderLayerPrimitive*>(&other);
+  return o && o->config_ == config_;
+}
+
+std::vector<mx::Shape> DecoderLayerPrimitive::output_shapes(const std::vector<array>& inputs) {
+  std::vector<mx::Shape> shapes{inputs[0].shape()};
+  for (size_t i = config_.param_inputs(); i < inputs.size(); ++i) {
+    shapes.push_back(inputs[i].shape());
+  }
+  return shapes;
+}
+
+std::vector<array> decoder_layer_op(
+    const array& x,
+    const std::vector<array>& params,
+    const std::vector<array>& caches,
+    LayerConfig config,
+    bool fused,
+    mx::Stream s) {
+  check_contract(x, params, caches, config);
+  std::vector<array> inputs{x};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  inputs.insert(inputs.end(), caches.begin(), caches.end());
+  Fallback fallback = [config, s](std::vector<array> in) { return fallback_graph(in, config, s); };
+  if (!fused) {
+    return fallback(inputs);
+  }
+  // Parameters are read dense (a no-op for the model's own weights); the
+  // caches are not wrapped, so that their buffers can be donated.
+  for (size_t i = 0; i < config.param_inputs(); ++i) {
+    inputs[i] = mx::contiguous(inputs[i], false, s);
+  }
+  std::vector<mx::Shape> shapes{x.shape()};
+  std::vector<mx::Dtype> dtypes{x.dtype()};
+  for (const auto& c : caches) {
+    shapes.push_back(c.shape());
+    dtypes.push_back(c.dtype());
+  }
+  return array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<DecoderLayerPrimitive>(s, std::move(fallback), std::move(config)), inputs);
+}
+
+std::unique_ptr<ArrayList> kernel_decoder_layer(
+    const array& x,
+    const ArrayList& params,
+    const ArrayList& caches,
+    const DecoderLayerSpec& spec,
+    rust::Slice<const int32_t> quant,
+    rust::Slice<const int32_t> offsets,
+    bool fused,
+    StreamSpec s) {
+  auto out = std::make_unique<ArrayList>();
+  out->items = decoder_layer_op(
+      x, params.items, caches.items, from_spec(spec, quant, offsets), fused, to_stream(s));
+  return out;
+}
+
+} // namespace mlx_backend

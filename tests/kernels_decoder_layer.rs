@@ -1,0 +1,306 @@
+//! decoder_layer: the fused decode block against the same block built from
+//! MLX's ops (the op's fallback graph), on random quantized weights and
+//! caches of different lengths per row; cache immutability and contract
+//! errors.
+
+mod kernels_common;
+
+use kernels_common::{max_rel_err, normal};
+use mlx_backend::kernels::{
+    decoder_layer, registry, DecoderLayer, FallbackReason, Kernel, RopeSpec,
+};
+use mlx_backend::ops::{quantize, Quantized};
+use mlx_backend::{eval, Array, Dtype};
+use std::sync::Mutex;
+
+/// Tests toggle the process-wide registry: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const H: i32 = 128;
+const I: i32 = 192;
+const NQ: i32 = 4;
+const NKV: i32 = 2;
+const D: i32 = 32;
+
+struct Variant {
+    bias: bool,
+    qk_norm: bool,
+    traditional: bool,
+    freqs: bool,
+    mscale: f32,
+    rope_dims: i32,
+    /// (bits, group) for q, k, v, o, gate, up, down.
+    quant: [(i32, i32); 7],
+}
+
+impl Default for Variant {
+    fn default() -> Self {
+        Variant {
+            bias: false,
+            qk_norm: false,
+            traditional: true,
+            freqs: false,
+            mscale: 1.0,
+            rope_dims: D,
+            quant: [(4, 32); 7],
+        }
+    }
+}
+
+struct Weights {
+    norms: [Array; 2],
+    proj: [Quantized; 7],
+    bias: [Array; 3],
+    qk_norm: [Array; 2],
+    freqs: Array,
+}
+
+fn weights(v: &Variant, seed: u64) -> Weights {
+    let dims = [
+        (NQ * D, H),
+        (NKV * D, H),
+        (NKV * D, H),
+        (H, NQ * D),
+        (I, H),
+        (I, H),
+        (H, I),
+    ];
+    let proj = std::array::from_fn(|p| {
+        let (n, k) = dims[p];
+        let (bits, group) = v.quant[p];
+        quantize(
+            &normal(&[n, k], Dtype::F32, 0.0, 0.08, seed + p as u64),
+            group,
+            bits,
+        )
+        .unwrap()
+    });
+    let freqs: Vec<f32> = (0..v.rope_dims / 2)
+        .map(|i| 10000f32.powf(2.0 * i as f32 / v.rope_dims as f32) * 1.7)
+        .collect();
+    Weights {
+        norms: [
+            normal(&[H], Dtype::F32, 1.0, 0.2, seed + 10),
+            normal(&[H], Dtype::F32, 1.0, 0.2, seed + 11),
+        ],
+        proj,
+        bias: [
+            normal(&[NQ * D], Dtype::F32, 0.0, 0.5, seed + 12),
+            normal(&[NKV * D], Dtype::F32, 0.0, 0.5, seed + 13),
+            normal(&[NKV * D], Dtype::F32, 0.0, 0.5, seed + 14),
+        ],
+        qk_norm: [
+            normal(&[D], Dtype::F32, 1.0, 0.2, seed + 15),
+            normal(&[D], Dtype::F32, 1.0, 0.2, seed + 16),
+        ],
+        freqs: Array::from_slice(&freqs, &[freqs.len() as i32]).unwrap(),
+    }
+}
+
+fn layer<'a>(v: &Variant, w: &'a Weights) -> DecoderLayer<'a> {
+    DecoderLayer {
+        input_norm: &w.norms[0],
+        post_norm: &w.norms[1],
+        eps: 1e-5,
+        projections: w.proj.each_ref(),
+        qkv_bias: v.bias.then(|| w.bias.each_ref()),
+        qk_norm: v.qk_norm.then(|| w.qk_norm.each_ref()),
+        n_heads: NQ,
+        n_kv_heads: NKV,
+        head_dim: D,
+        attn_scale: (D as f32).powf(-0.5),
+        rope: RopeSpec {
+            dims: v.rope_dims,
+            traditional: v.traditional,
+            base: 10000.0,
+            scale: 0.5,
+            mscale: v.mscale,
+            freqs: v.freqs.then_some(&w.freqs),
+        },
+    }
+}
+
+/// Random caches: row `r` has capacity `caps[r]`.
+fn caches(caps: &[i32], seed: u64) -> Vec<(Array, Array)> {
+    caps.iter()
+        .enumerate()
+        .map(|(r, &c)| {
+            let s = seed + 100 * r as u64;
+            (
+                normal(&[1, NKV, c, D], Dtype::F32, 0.0, 1.0, s),
+                normal(&[1, NKV, c, D], Dtype::F32, 0.0, 1.0, s + 1),
+            )
+        })
+        .collect()
+}
+
+fn run(
+    fused: bool,
+    v: &Variant,
+    w: &Weights,
+    x: &Array,
+    cache: &[(Array, Array)],
+    offsets: &[i32],
+) -> (Array, Vec<(Array, Array)>) {
+    registry::set_enabled(Kernel::DecoderLayer, fused);
+    // Fresh copies, so the kernel may reuse their buffers.
+    let owned: Vec<(Array, Array)> = cache
+        .iter()
+        .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
+        .collect();
+    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+    let before = registry::snapshot().get(Kernel::DecoderLayer);
+    let (out, rows) = decoder_layer(x, &layer(v, w), &refs, offsets).unwrap();
+    drop(refs);
+    drop(owned);
+    let mut all = vec![&out];
+    all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
+    eval(&all).unwrap();
+    let after = registry::snapshot().get(Kernel::DecoderLayer);
+    assert_eq!(after.fused - before.fused, u64::from(fused));
+    registry::set_enabled(Kernel::DecoderLayer, true);
+    (out, rows)
+}
+
+fn check(v: Variant, caps: &[i32], offsets: &[i32], seed: u64) {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let w = weights(&v, seed);
+    let cache = caches(caps, seed + 1000);
+    let x = normal(
+        &[caps.len() as i32, 1, H],
+        Dtype::F32,
+        0.0,
+        1.0,
+        seed + 2000,
+    );
+    let (want, want_rows) = run(false, &v, &w, &x, &cache, offsets);
+    let (got, got_rows) = run(true, &v, &w, &x, &cache, offsets);
+    let err = max_rel_err(&got, &want, 1e-2);
+    assert!(err < 2e-4, "out: max rel err {err}");
+    for (r, ((gk, gv), (wk, wv))) in got_rows.iter().zip(&want_rows).enumerate() {
+        assert_eq!(gk.shape(), vec![1, NKV, caps[r], D]);
+        let ek = max_rel_err(gk, wk, 1e-2);
+        let ev = max_rel_err(gv, wv, 1e-2);
+        assert!(ek < 1e-4 && ev < 1e-4, "row {r}: keys {ek}, values {ev}");
+    }
+}
+
+#[test]
+fn one_row_matches_mlx_ops() {
+    check(Variant::default(), &[16], &[5], 1);
+}
+
+#[test]
+fn ragged_rows_match_mlx_ops() {
+    check(Variant::default(), &[8, 40, 33], &[0, 39, 17], 2);
+}
+
+#[test]
+fn non_traditional_rope_with_bias_and_qk_norm() {
+    let v = Variant {
+        bias: true,
+        qk_norm: true,
+        traditional: false,
+        ..Variant::default()
+    };
+    check(v, &[12, 20], &[11, 3], 3);
+}
+
+#[test]
+fn explicit_frequencies_mscale_and_partial_rotation() {
+    let v = Variant {
+        freqs: true,
+        mscale: 1.3,
+        rope_dims: 16,
+        ..Variant::default()
+    };
+    check(v, &[24], &[9], 4);
+}
+
+#[test]
+fn mixed_bits_and_group_sizes() {
+    let v = Variant {
+        quant: [
+            (8, 64),
+            (4, 64),
+            (8, 32),
+            (4, 128),
+            (8, 32),
+            (8, 32),
+            (4, 64),
+        ],
+        ..Variant::default()
+    };
+    check(v, &[10, 10], &[4, 9], 5);
+}
+
+#[test]
+fn a_cache_held_elsewhere_is_left_unchanged() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = Variant::default();
+    let w = weights(&v, 6);
+    let (k, val) = caches(&[9], 7).pop().unwrap();
+    eval(&[&k, &val]).unwrap();
+    let (k_before, v_before) = (k.to_vec::<f32>().unwrap(), val.to_vec::<f32>().unwrap());
+    let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 8);
+    let (_, rows) = decoder_layer(&x, &layer(&v, &w), &[(&k, &val)], &[4]).unwrap();
+    let (k2, v2) = &rows[0];
+    eval(&[k2, v2]).unwrap();
+    // The inputs are still held here: the kernel must have copied them.
+    assert_eq!(k.to_vec::<f32>().unwrap(), k_before);
+    assert_eq!(val.to_vec::<f32>().unwrap(), v_before);
+    let (k2, v2) = (k2.to_vec::<f32>().unwrap(), v2.to_vec::<f32>().unwrap());
+    let row = |h: usize, p: usize| (h * 9 + p) * D as usize..(h * 9 + p + 1) * D as usize;
+    for h in 0..NKV as usize {
+        for p in (0..9).filter(|&p| p != 4) {
+            assert_eq!(k2[row(h, p)], k_before[row(h, p)], "head {h} pos {p}");
+            assert_eq!(v2[row(h, p)], v_before[row(h, p)], "head {h} pos {p}");
+        }
+        assert_ne!(k2[row(h, 4)], k_before[row(h, 4)]);
+    }
+}
+
+#[test]
+fn bad_calls_name_the_problem_and_leave_things_usable() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = Variant::default();
+    let w = weights(&v, 9);
+    let (k, val) = caches(&[6], 10).pop().unwrap();
+    let l = layer(&v, &w);
+    let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 11);
+    let err = decoder_layer(&x, &l, &[(&k, &val)], &[6]).unwrap_err();
+    assert!(err.to_string().contains("offset 6"), "{err}");
+    let two_tokens = normal(&[1, 2, H], Dtype::F32, 0.0, 1.0, 12);
+    let err = decoder_layer(&two_tokens, &l, &[(&k, &val)], &[1]).unwrap_err();
+    assert!(err.to_string().contains("[B, 1, hidden]"), "{err}");
+    let wrong_heads = normal(&[1, NKV + 1, 6, D], Dtype::F32, 0.0, 1.0, 13);
+    let err = decoder_layer(&x, &l, &[(&wrong_heads, &wrong_heads)], &[1]).unwrap_err();
+    assert!(err.to_string().contains("cache 0"), "{err}");
+    let err = decoder_layer(&x, &l, &[(&k, &val)], &[1, 2]).unwrap_err();
+    assert!(err.to_string().contains("offsets"), "{err}");
+    // Still usable.
+    let (out, _) = decoder_layer(&x, &l, &[(&k, &val)], &[5]).unwrap();
+    assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn half_precision_activations_fall_back_counted() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = Variant::default();
+    let w = weights(&v, 14);
+    let (k, val) = caches(&[6], 15).pop().unwrap();
+    let (k, val) = (
+        k.astype(Dtype::F16).unwrap(),
+        val.astype(Dtype::F16).unwrap(),
+    );
+    let x = normal(&[1, 1, H], Dtype::F16, 0.0, 1.0, 16);
+    let before = registry::snapshot().get(Kernel::DecoderLayer);
+    let (out, _) = decoder_layer(&x, &layer(&v, &w), &[(&k, &val)], &[2]).unwrap();
+    let after = registry::snapshot().get(Kernel::DecoderLayer);
+    assert_eq!(
+        after.fallbacks(FallbackReason::UnsupportedDtype)
+            - before.fallbacks(FallbackReason::UnsupportedDtype),
+        1
+    );
+    assert!(out.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
+}
