@@ -75,10 +75,11 @@ fn main() -> anyhow::Result<()> {
             println!(
                 "dtype {:>4} decoder_layer {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
                  decode {decode:7.1} ms/token ({:5.1} tok/s), fused blocks {fused}, \
-                 tokens same as kernel-on: {same}",
+                 cache copies {}, tokens same as kernel-on: {same}",
                 format!("{}", m.dtype()),
                 if on { "on" } else { "off" },
                 1e3 / decode,
+                mlx_backend::kernels::decoder_layer::cache_copies(),
             );
         }
     }

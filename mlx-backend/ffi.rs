@@ -539,6 +539,7 @@ pub(crate) mod bridge {
         /// `inputs`/`outputs`: `(address, bytes)` pairs of MLX buffers.
         fn decoder_layer_cpu(
             spec: &DecoderLayerSpec,
+            copied_caches: usize,
             quant: &[i32],
             offsets: &[i32],
             capacities: &[i32],

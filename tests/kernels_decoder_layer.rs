@@ -3,12 +3,14 @@
 //! caches of different lengths per row; cache immutability and contract
 //! errors.
 
+mod common;
 mod kernels_common;
 
 use kernels_common::{max_rel_err, normal};
 use mlx_backend::kernels::{
     decoder_layer, registry, DecoderLayer, FallbackReason, Kernel, RopeSpec,
 };
+use mlx_backend::model::{self, LoadOptions, Logits};
 use mlx_backend::ops::{quantize, Quantized};
 use mlx_backend::{eval, Array, Dtype};
 use std::sync::Mutex;
@@ -303,4 +305,58 @@ fn half_precision_activations_fall_back_counted() {
         1
     );
     assert!(out.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
+}
+
+/// Greedy decode of the tiny 4-bit Llama: `(tokens, last logits, fused
+/// blocks, cache copies)` with the kernel on or off. A cache step of 4
+/// makes the caches grow during decode.
+fn tiny_greedy(m: &model::Transformer, fused: bool) -> (Vec<u32>, Array, u64, u64) {
+    registry::set_enabled(Kernel::DecoderLayer, fused);
+    let mut caches = m.new_caches(4);
+    let prompt = common::tiny::tokens(22, 9);
+    let argmax = |l: &Array| {
+        l.argmax(-1, false)
+            .unwrap()
+            .reshape(&[-1])
+            .unwrap()
+            .to_vec::<u32>()
+            .unwrap()[0]
+    };
+    let x = Array::from_slice(&prompt, &[1, prompt.len() as i32]).unwrap();
+    let mut logits = m.forward(&x, &mut caches, Logits::Last).unwrap();
+    let mut out = vec![argmax(&logits)];
+    let (fused_before, copies_before) = (
+        registry::snapshot().get(Kernel::DecoderLayer).fused,
+        mlx_backend::kernels::decoder_layer::cache_copies(),
+    );
+    for _ in 0..12 {
+        let x = Array::from_slice(&[*out.last().unwrap()], &[1, 1]).unwrap();
+        logits = m.forward(&x, &mut caches, Logits::Last).unwrap();
+        out.push(argmax(&logits));
+    }
+    registry::set_enabled(Kernel::DecoderLayer, true);
+    (
+        out,
+        logits,
+        registry::snapshot().get(Kernel::DecoderLayer).fused - fused_before,
+        mlx_backend::kernels::decoder_layer::cache_copies() - copies_before,
+    )
+}
+
+#[test]
+fn tiny_model_decodes_through_fused_blocks_in_place() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let folder = common::tiny::tiny_llama_folder(21, true);
+    let m = model::load(&folder, &LoadOptions::for_device(mlx_backend::Device::Cpu))
+        .unwrap()
+        .model;
+    let (want, want_logits, unfused, _) = tiny_greedy(&m, false);
+    let (got, got_logits, fused, copies) = tiny_greedy(&m, true);
+    assert_eq!(unfused, 0);
+    assert_eq!(fused, 12 * common::tiny::LAYERS as u64);
+    assert_eq!(got, want);
+    let err = max_rel_err(&got_logits, &want_logits, 1e-2);
+    assert!(err < 1e-3, "logits: max rel err {err}");
+    // Every cache buffer was updated in place: no per-token copy.
+    assert_eq!(copies, 0);
 }

@@ -258,6 +258,18 @@ void DecoderLayerPrimitive::eval_cpu(
     require_row_contiguous(inputs[i], "decoder_layer input");
   }
   allocate(outputs[0]);
+  // make_arrays gives every output its own copy of the inputs, so each cache
+  // would be held once per output and never be donatable. Nothing reads the
+  // siblings' copies once evaluation has begun (MLX detaches them after
+  // this eval), so they are released here; tracers keep theirs, and MLX
+  // then holds their inputs anyway.
+  if (!outputs[0].is_tracer()) {
+    for (auto& out : outputs) {
+      if (&out.inputs() != &inputs) {
+        out.inputs().clear();
+      }
+    }
+  }
   // A cache whose buffer nothing else holds is updated in place (as MLX's
   // slice_update does); any other is copied into a fresh buffer first.
   std::vector<std::pair<array, array>> copies;
@@ -301,7 +313,7 @@ void DecoderLayerPrimitive::eval_cpu(
       std::memcpy(dst.data<uint8_t>(), dense.get().data<uint8_t>(), dst.nbytes());
     }
     if (!decoder_layer_cpu(
-            spec, rust::Slice<const int32_t>(quant.data(), quant.size()),
+            spec, copies.size(), rust::Slice<const int32_t>(quant.data(), quant.size()),
             rust::Slice<const int32_t>(offsets.data(), offsets.size()),
             rust::Slice<const int32_t>(capacities.data(), capacities.size()),
             rust::Slice<const size_t>(in_table.data(), in_table.size()),

@@ -13,6 +13,8 @@
 //! instead of ~60 times. Row `b` of the batch has its own cache (written in
 //! place at its own offset), so a ragged decode batch needs no padding.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::ffi::DecoderLayerSpec;
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::quant::QuantMatrix;
@@ -283,20 +285,33 @@ impl<'a> Buffers<'a> {
     }
 }
 
+/// Cache arrays the Primitive had to copy because something else held them.
+static CACHE_COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// Caches (keys or values arrays) copied instead of updated in place, since
+/// the process started: stays flat in a decode loop that keeps no extra
+/// reference to its caches.
+pub fn cache_copies() -> u64 {
+    CACHE_COPIES.load(Ordering::Relaxed)
+}
+
 /// Entry point from C++ (`DecoderLayerPrimitive`). `inputs` holds the
 /// `(address, bytes)` of: x, input norm, post norm, `[w, scales, biases]`
 /// of each projection in [`PROJECTIONS`] order, then the optional q/k/v
 /// biases, q/k norms and rope frequencies. `outputs`: out, then keys and
-/// values of each row (already holding the cached positions). `quant` is
+/// values of each row (already holding the cached positions; `copied_caches`
+/// of them had to be copied rather than reused). `quant` is
 /// `(bits, group_size)` per projection; `offsets`/`capacities` per row.
 pub(crate) fn decoder_layer_cpu(
     spec: &DecoderLayerSpec,
+    copied_caches: usize,
     quant: &[i32],
     offsets: &[i32],
     capacities: &[i32],
     inputs: &[usize],
     outputs: &[usize],
 ) -> bool {
+    CACHE_COPIES.fetch_add(copied_caches as u64, Ordering::Relaxed);
     run_entry(Kernel::DecoderLayer, || {
         let pk = FloatKind::from_code(spec.params_dtype)?;
         with_float!(pk, P => run::<P>(spec, quant, offsets, capacities, inputs, outputs))

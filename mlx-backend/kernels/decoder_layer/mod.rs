@@ -28,6 +28,8 @@
 
 pub(crate) mod cpu;
 
+pub use cpu::cache_copies;
+
 use super::registry::{FallbackReason, Kernel};
 use super::{build, on_cpu, QuantSpec, WarmupSpec};
 use crate::array::{list, unlist, Array};
