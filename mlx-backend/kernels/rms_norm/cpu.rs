@@ -174,8 +174,11 @@ fn scale_row<T: Element>(
 }
 
 /// Whether `w` is bf16 and all finite (then a finite row cannot produce NaN).
+/// A branch-free fold over the exponent bits, so it vectorises (an
+/// early-exit `all` did not, and cost 5% of a decode-sized call).
 fn finite_bf16_weight<T: Element>(w: &[T]) -> bool {
-    TypeId::of::<T>() == TypeId::of::<bf16>() && w.iter().all(|v| v.to_f32().is_finite())
+    const EXP: u16 = 0x7F80;
+    as_bf16(w).is_some_and(|w| w.iter().fold(true, |ok, v| ok & (v.to_bits() & EXP != EXP)))
 }
 
 fn as_bf16<T: Element>(v: &[T]) -> Option<&[bf16]> {
