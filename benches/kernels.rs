@@ -5,17 +5,32 @@
 //! table (median µs per call, achieved GB/s vs. read bandwidth, speedup).
 //! `KERNELS_BENCH_FILTER=quantized_matmul` keeps the cases whose name
 //! contains the string.
+//!
+//! Two ratios for the decode shapes: an *isolated* call builds one op and
+//! evaluates it alone, paying MLX's fixed cost per `eval` (handing the
+//! graph to the CPU stream's thread and waiting for it); *in graph*, 64
+//! calls are built and evaluated together, as each op sits inside a forward
+//! graph, and the time is divided by 64.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use mlx_backend::kernels::{
     gate_qmv_silu_mul, gather_gate_qmv_silu_mul, moe_combine, quantized_matmul, registry, rms_norm,
     Kernel,
 };
+use mlx_backend::memory;
 use mlx_backend::ops::{quantize, random, Quantized};
 use mlx_backend::{Array, Dtype};
 use std::time::{Duration, Instant};
 
 const DTYPE: Dtype = Dtype::BF16;
+
+/// Ops per graph for the in-graph measurement.
+const GRAPH_OPS: usize = 64;
+
+/// MLX's allocator cache limit for the "cache limit raised" rows: large
+/// enough to keep a 4096x4096 output for reuse (MLX's CPU default, 32 MiB,
+/// is just below a 32 MiB bf16 output plus its header).
+const RAISED_CACHE_LIMIT: usize = 1 << 30;
 
 fn normal(shape: &[i32], loc: f32, scale: f32, seed: u64) -> Array {
     let key = random::key(seed).unwrap();
@@ -31,39 +46,88 @@ fn quantized(lead: &[i32], n: i32, k: i32, group: i32, seed: u64) -> Quantized {
     q
 }
 
-/// One benchmark case: the kernel and the MLX path, each building and
-/// evaluating the op once per call.
+type Build = Box<dyn Fn() -> Array>;
+
+/// One benchmark case: builders of the kernel's op and of the MLX path's.
 struct Case {
     name: String,
     /// Bytes the op must move at least once (inputs read + outputs written).
     bytes: f64,
-    kernel: Box<dyn Fn()>,
-    mlx: Box<dyn Fn()>,
+    kernel: Build,
+    mlx: Build,
+    /// A decode shape: also measured in graph.
+    decode: bool,
 }
 
-/// Runs `op` with `kernel` switched on or off (the fallback is MLX's path).
-fn with_kernel(kernel: Kernel, on: bool, op: impl Fn() -> Array + 'static) -> Box<dyn Fn()> {
+/// Builds `op` with `kernel` switched on or off (the fallback is MLX's path).
+fn with_kernel(kernel: Kernel, on: bool, op: impl Fn() -> Array + 'static) -> Build {
     Box::new(move || {
         registry::set_enabled(kernel, on);
-        op().eval().unwrap();
+        op()
     })
 }
 
-fn cases() -> Vec<Case> {
+/// Builds `op` with MLX's allocator cache limit set to `limit` first.
+fn with_cache_limit(limit: usize, op: Build) -> Build {
+    Box::new(move || {
+        memory::set_cache_limit(limit);
+        op()
+    })
+}
+
+/// One call: build the op and evaluate it alone.
+fn isolated(build: &Build) -> impl Fn() + '_ {
+    move || build().eval().unwrap()
+}
+
+/// `GRAPH_OPS` calls built into one graph and evaluated once.
+fn in_graph(build: &Build) -> impl Fn() + '_ {
+    move || {
+        let outs: Vec<Array> = (0..GRAPH_OPS).map(|_| build()).collect();
+        mlx_backend::eval(&outs.iter().collect::<Vec<_>>()).unwrap();
+    }
+}
+
+fn cases(default_cache_limit: usize) -> Vec<Case> {
     let mut cases = Vec::new();
     let sz = DTYPE.size() as f64;
     for (rows, hidden) in [(1, 576), (1, 4096), (4096, 4096)] {
         let x = normal(&[rows, hidden], 0.0, 1.0, 1);
         let w = normal(&[hidden], 1.0, 0.1, 2);
-        let (x2, w2) = (x.clone(), w.clone());
-        cases.push(Case {
-            name: format!("rms_norm {rows}x{hidden}"),
-            bytes: (2 * rows * hidden + hidden) as f64 * sz,
-            kernel: with_kernel(Kernel::RmsNorm, true, move || {
+        let kernel = move |x: Array, w: Array| -> Build {
+            with_kernel(Kernel::RmsNorm, true, move || {
                 rms_norm(&x, &w, 1e-5).unwrap()
-            }),
-            mlx: Box::new(move || x2.rms_norm_mlx(Some(&w2), 1e-5).unwrap().eval().unwrap()),
-        });
+            })
+        };
+        let mlx = |x: Array, w: Array| -> Build {
+            Box::new(move || x.rms_norm_mlx(Some(&w), 1e-5).unwrap())
+        };
+        let name = format!("rms_norm {rows}x{hidden}");
+        let bytes = (2 * rows * hidden + hidden) as f64 * sz;
+        if rows == 1 {
+            cases.push(Case {
+                name,
+                bytes,
+                kernel: kernel(x.clone(), w.clone()),
+                mlx: mlx(x, w),
+                decode: true,
+            });
+            continue;
+        }
+        // A large output is a fresh allocation per call unless MLX's cache
+        // may keep it: measured both ways.
+        for (label, limit) in [
+            ("default cache limit", default_cache_limit),
+            ("cache limit 1 GiB", RAISED_CACHE_LIMIT),
+        ] {
+            cases.push(Case {
+                name: format!("{name} ({label})"),
+                bytes,
+                kernel: with_cache_limit(limit, kernel(x.clone(), w.clone())),
+                mlx: with_cache_limit(limit, mlx(x.clone(), w.clone())),
+                decode: false,
+            });
+        }
     }
     for shape in [[1, 1, 4, 2048], [1, 268, 4, 2048]] {
         let y = normal(&shape, 0.0, 1.0, 3);
@@ -81,6 +145,7 @@ fn cases() -> Vec<Case> {
             mlx: with_kernel(Kernel::MoeCombine, false, move || {
                 moe_combine(&y2, &s2).unwrap()
             }),
+            decode: shape[1] == 1,
         });
     }
     for (k, n, group) in [(576, 1536, 32), (4096, 14336, 64)] {
@@ -98,6 +163,7 @@ fn cases() -> Vec<Case> {
             mlx: with_kernel(Kernel::GateQmvSiluMul, false, move || {
                 gate_qmv_silu_mul(&x2, &gate2, &up2).unwrap()
             }),
+            decode: false,
         });
     }
     {
@@ -117,6 +183,7 @@ fn cases() -> Vec<Case> {
             mlx: with_kernel(Kernel::GateQmvSiluMul, false, move || {
                 gather_gate_qmv_silu_mul(&x2, &idx2, &gate2, &up2).unwrap()
             }),
+            decode: false,
         });
     }
     quantized_matmul_cases(&mut cases);
@@ -151,22 +218,31 @@ fn quantized_matmul_cases(cases: &mut Vec<Case>) {
             mlx: with_kernel(Kernel::QuantizedMatmul, false, move || {
                 quantized_matmul(&x2, &q2).unwrap()
             }),
+            decode: false,
         });
     }
 }
 
-/// Median seconds per call over ~`budget` of calls (at least 5).
-fn median_secs(f: &dyn Fn(), budget: Duration) -> f64 {
-    f();
-    let mut times = Vec::new();
+/// Median seconds per call of `a` and of `b` over ~`budget` of calls (at
+/// least 5 each), alternating them so that a change in the machine's load
+/// (it is shared) falls on both alike.
+fn median_pair(a: &dyn Fn(), b: &dyn Fn(), budget: Duration) -> (f64, f64) {
+    a();
+    b();
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
     let start = Instant::now();
-    while times.len() < 5 || (start.elapsed() < budget && times.len() < 2000) {
-        let t = Instant::now();
-        f();
-        times.push(t.elapsed().as_secs_f64());
+    while ta.len() < 5 || (start.elapsed() < budget && ta.len() < 2000) {
+        for (f, times) in [(a, &mut ta), (b, &mut tb)] {
+            let t = Instant::now();
+            f();
+            times.push(t.elapsed().as_secs_f64());
+        }
     }
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    times[times.len() / 2]
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        v[v.len() / 2]
+    };
+    (median(ta), median(tb))
 }
 
 /// Sum with 16 independent lanes, so the loop vectorises and is bound by
@@ -202,32 +278,45 @@ fn read_bandwidth_gbs() -> f64 {
 }
 
 fn bench(c: &mut Criterion) {
-    let cases = cases();
+    let default_cache_limit = memory::set_cache_limit(0);
+    memory::set_cache_limit(default_cache_limit);
+    let cases = cases(default_cache_limit);
     let mut group = c.benchmark_group("kernels");
     group
         .sample_size(10)
         .warm_up_time(Duration::from_millis(200))
         .measurement_time(Duration::from_millis(800));
     for case in &cases {
-        group.bench_function(format!("{} / kernel", case.name), |b| {
-            b.iter(|| (case.kernel)())
-        });
-        group.bench_function(format!("{} / mlx", case.name), |b| b.iter(|| (case.mlx)()));
+        let (kernel, mlx) = (isolated(&case.kernel), isolated(&case.mlx));
+        group.bench_function(format!("{} / kernel", case.name), |b| b.iter(&kernel));
+        group.bench_function(format!("{} / mlx", case.name), |b| b.iter(&mlx));
     }
     group.finish();
 
     let bw = read_bandwidth_gbs();
     println!("\nread bandwidth (256 MB f32 sum, 2 threads): {bw:.1} GB/s; dtype {DTYPE}");
     println!(
-        "| case | kernel µs | MLX µs | speedup | kernel GB/s | % of read BW |\n|---|---:|---:|---:|---:|---:|"
+        "isolated: one op built and evaluated per call; in graph: {GRAPH_OPS} ops built, \
+         evaluated once, µs per op"
+    );
+    println!(
+        "| case | kernel µs | MLX µs | speedup (isolated) | kernel µs in graph | MLX µs in graph \
+         | speedup (in graph) | kernel GB/s | % of read BW |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for case in &cases {
-        let budget = Duration::from_millis(700);
-        let tk = median_secs(&*case.kernel, budget);
-        let tm = median_secs(&*case.mlx, budget);
+        let budget = Duration::from_millis(1400);
+        let (tk, tm) = median_pair(&isolated(&case.kernel), &isolated(&case.mlx), budget);
+        let graph = if case.decode {
+            let (gk, gm) = median_pair(&in_graph(&case.kernel), &in_graph(&case.mlx), budget);
+            let (gk, gm) = (gk / GRAPH_OPS as f64, gm / GRAPH_OPS as f64);
+            format!("{:.2} | {:.2} | {:.2}x", gk * 1e6, gm * 1e6, gm / gk)
+        } else {
+            "– | – | –".to_string()
+        };
         let gbs = case.bytes / tk / 1e9;
         println!(
-            "| {} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.0}% |",
+            "| {} | {:.1} | {:.1} | {:.2}x | {graph} | {:.1} | {:.0}% |",
             case.name,
             tk * 1e6,
             tm * 1e6,
@@ -236,6 +325,7 @@ fn bench(c: &mut Criterion) {
             100.0 * gbs / bw
         );
     }
+    memory::set_cache_limit(default_cache_limit);
     for k in Kernel::ALL {
         registry::set_enabled(k, true);
     }
@@ -284,26 +374,6 @@ fn decode_overhead() {
         let both = median_us(N, || make().eval().unwrap());
         println!("| {name} | {build:.2} | {eval:.2} | {both:.2} |");
     }
-
-    // Inside one larger graph (as in a decode step) the per-eval cost is
-    // shared: a chain of CHAIN norms, evaluated once, per norm.
-    const CHAIN: usize = 64;
-    let chain = |op: &dyn Fn(&Array) -> Array| {
-        median_us(51, || {
-            let mut y = x.clone();
-            for _ in 0..CHAIN {
-                y = op(&y);
-            }
-            y.eval().unwrap();
-        }) / CHAIN as f64
-    };
-    let kernel = chain(&|y| rms_norm(y, &w, 1e-5).unwrap());
-    let mlx = chain(&|y| y.rms_norm_mlx(Some(&w), 1e-5).unwrap());
-    println!(
-        "\nrms_norm 1x576 inside a {CHAIN}-norm chain evaluated once: kernel {kernel:.2} µs, \
-         MLX {mlx:.2} µs per norm ({:.1}x)",
-        mlx / kernel
-    );
 }
 
 criterion_group!(benches, bench);

@@ -3,7 +3,10 @@
 //! being a T×T multiply (computed in f32, rounded to T). The conversions
 //! happen in registers inside the row passes (AVX2/F16C when present).
 
+use std::any::TypeId;
 use std::borrow::Cow;
+
+use half::bf16;
 
 use rayon::prelude::*;
 
@@ -12,6 +15,8 @@ use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::simd::{self, Element};
+
+use super::bf16_pairs;
 
 /// Below this many elements threading costs more than it saves.
 const PAR_MIN_ELEMS: usize = 64 * 1024;
@@ -46,12 +51,16 @@ pub fn rms_norm<T: Element>(
         return Ok(());
     }
     let w = &w[..hidden];
+    let w_finite = finite_bf16_weight(w);
     let row = |r: usize, out_row: &mut [T]| {
         let x_row = &x[r * x_row_stride..][..hidden];
-        simd::scale_mul_to(
+        scale_row(
             x_row,
-            inv_rms(simd::sum_squares_of(x_row), hidden, eps),
+            simd::sum_squares_of(x_row),
+            hidden,
+            eps,
             w,
+            w_finite,
             out_row,
         );
     };
@@ -106,6 +115,7 @@ pub fn rms_norm_residual<T: Element>(
         return Ok(());
     }
     let w = &w[..hidden];
+    let w_finite = finite_bf16_weight(w);
     let row = |r: usize, normed: &mut [T], sum: &mut [T]| {
         // The norm sees the sum as MLX's add leaves it: rounded to T.
         let ss = simd::add_to_sum_squares(
@@ -113,7 +123,7 @@ pub fn rms_norm_residual<T: Element>(
             &residual[r * residual_row_stride..][..hidden],
             sum,
         );
-        simd::scale_mul_to(sum, inv_rms(ss, hidden, eps), w, normed);
+        scale_row(sum, ss, hidden, eps, w, w_finite, normed);
     };
     if rows * hidden > PAR_MIN_ELEMS {
         let per_task = rows_per_task(rows);
@@ -136,6 +146,51 @@ pub fn rms_norm_residual<T: Element>(
         }
     }
     Ok(())
+}
+
+/// The second pass over a row: `out = T(T(x · inv_rms) · w)`. A bf16 row
+/// whose sum of squares, scale and weight are finite has no NaN to carry,
+/// so it takes the shuffle-free body (bit-identical; the generic one is
+/// bound by its widening and packing shuffles on large rows).
+#[allow(clippy::too_many_arguments)]
+fn scale_row<T: Element>(
+    x: &[T],
+    sum_sq: f32,
+    hidden: usize,
+    eps: f32,
+    w: &[T],
+    w_finite: bool,
+    out: &mut [T],
+) {
+    let s = inv_rms(sum_sq, hidden, eps);
+    if w_finite && sum_sq.is_finite() && s.is_finite() {
+        if let (Some(x), Some(w), Some(out)) = (as_bf16(x), as_bf16(w), as_bf16_mut(out)) {
+            if bf16_pairs::scale_mul_finite(x, s, w, out) {
+                return;
+            }
+        }
+    }
+    simd::scale_mul_to(x, s, w, out);
+}
+
+/// Whether `w` is bf16 and all finite (then a finite row cannot produce NaN).
+/// A branch-free fold over the exponent bits, so it vectorises (an
+/// early-exit `all` did not, and cost 5% of a decode-sized call).
+fn finite_bf16_weight<T: Element>(w: &[T]) -> bool {
+    const EXP: u16 = 0x7F80;
+    as_bf16(w).is_some_and(|w| w.iter().fold(true, |ok, v| ok & (v.to_bits() & EXP != EXP)))
+}
+
+fn as_bf16<T: Element>(v: &[T]) -> Option<&[bf16]> {
+    // SAFETY: T is bf16 (same type, so same layout) when the ids match.
+    (TypeId::of::<T>() == TypeId::of::<bf16>())
+        .then(|| unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len()) })
+}
+
+fn as_bf16_mut<T: Element>(v: &mut [T]) -> Option<&mut [bf16]> {
+    // SAFETY: as in `as_bf16`; the borrow stays exclusive.
+    (TypeId::of::<T>() == TypeId::of::<bf16>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), v.len()) })
 }
 
 /// `1 / sqrt(mean + eps)` from a row's sum of squares.
@@ -341,6 +396,36 @@ mod tests {
     #[test]
     fn matches_reference_bf16() {
         all_cases::<bf16>();
+    }
+
+    /// Rows or weights holding NaN or infinity skip the finite-only bf16
+    /// body and round exactly as the generic one does.
+    #[test]
+    fn non_finite_bf16_matches_generic_body() {
+        let mut rng = Rng::new(0xbad_f00d);
+        let hidden = 40;
+        for (at, bad) in [(3, f32::NAN), (17, f32::INFINITY), (39, f32::NEG_INFINITY)] {
+            for in_weight in [false, true] {
+                let mut x: Vec<bf16> = rng.elems(2 * hidden, 2.0);
+                let mut w: Vec<bf16> = rng.elems(hidden, 1.5);
+                if in_weight {
+                    w[at] = bf16::from_f32(bad);
+                } else {
+                    x[hidden + at] = bf16::from_f32(bad);
+                }
+                let mut out = vec![bf16::from_f32(f32::NAN); 2 * hidden];
+                rms_norm(&x, hidden, &w, 1, &mut out, 2, hidden, 1e-5).unwrap();
+                for r in 0..2 {
+                    let row = &x[r * hidden..][..hidden];
+                    let s = inv_rms(simd::sum_squares_of(row), hidden, 1e-5);
+                    let mut want = vec![bf16::ZERO; hidden];
+                    simd::scale_mul_to(row, s, &w, &mut want);
+                    for (g, e) in out[r * hidden..][..hidden].iter().zip(&want) {
+                        assert_eq!(g.to_bits(), e.to_bits(), "bad {bad} at {at}, row {r}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! `w` (and `residual`) of x's dtype. Anything else valid builds MLX's
 //! `fast::rms_norm` (after the add for the residual form).
 
+mod bf16_pairs;
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
