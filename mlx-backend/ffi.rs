@@ -357,13 +357,16 @@ pub(crate) mod bridge {
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
-        /// `gate` and `up` are `[weight, scales, biases]`.
+        /// `gate` and `up` are `[weight, scales, biases]`; `activations` is
+        /// an `ActivationPrecision` code.
+        #[allow(clippy::too_many_arguments)]
         fn kernel_gate_qmv_silu_mul(
             x: &array,
             gate: &ArrayList,
             up: &ArrayList,
             group_size: i32,
             bits: i32,
+            activations: i32,
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
@@ -375,6 +378,7 @@ pub(crate) mod bridge {
             up: &ArrayList,
             group_size: i32,
             bits: i32,
+            activations: i32,
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
@@ -384,6 +388,7 @@ pub(crate) mod bridge {
             w: &ArrayList,
             group_size: i32,
             bits: i32,
+            activations: i32,
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
@@ -463,6 +468,7 @@ pub(crate) mod bridge {
             m: usize,
             n: usize,
             k: usize,
+            activations: i32,
         ) -> bool;
         #[allow(clippy::too_many_arguments)]
         fn gather_gate_qmv_silu_mul_cpu(
@@ -483,6 +489,7 @@ pub(crate) mod bridge {
             out: &mut [u8],
             n: usize,
             k: usize,
+            activations: i32,
         ) -> bool;
         #[allow(clippy::too_many_arguments)]
         fn quantized_matmul_cpu(
@@ -498,6 +505,7 @@ pub(crate) mod bridge {
             m: usize,
             n: usize,
             k: usize,
+            activations: i32,
         ) -> bool;
         #[allow(clippy::too_many_arguments)]
         fn attention_cpu(

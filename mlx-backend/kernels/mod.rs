@@ -5,6 +5,7 @@
 //! * [`moe_combine()`]: the weighted sum of the top-k expert outputs;
 //! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection;
 //! * [`quantized_matmul()`]: `x·Wᵀ` on affine-quantized weights (linears, tied lm_head);
+//!   the quantized ops' `_with` forms take an [`ActivationPrecision`] (exact or int8 x);
 //! * [`attention()`]: causal or unmasked scaled dot-product attention (GQA).
 //!
 //! Every op checks its contract (an [`OpError`] names what is wrong), then
@@ -12,6 +13,7 @@
 //! fallback; the decision and its reason are counted. On a GPU stream the
 //! fallback is used until the GPU kernels exist.
 
+mod activation;
 pub mod attention;
 mod cpu;
 pub mod gate_qmv_silu_mul;
@@ -20,10 +22,14 @@ pub mod quantized_matmul;
 pub mod registry;
 pub mod rms_norm;
 
+pub use activation::ActivationPrecision;
 pub use attention::attention;
-pub use gate_qmv_silu_mul::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul};
+pub use gate_qmv_silu_mul::{
+    gate_qmv_silu_mul, gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul,
+    gather_gate_qmv_silu_mul_with,
+};
 pub use moe_combine::moe_combine;
-pub use quantized_matmul::quantized_matmul;
+pub use quantized_matmul::{quantized_matmul, quantized_matmul_with};
 pub use registry::{FallbackReason, Kernel, KernelStats, Snapshot};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 

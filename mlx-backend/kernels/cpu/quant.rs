@@ -15,7 +15,7 @@ use super::simd::Element;
 // once (`Q8Activations`), then dot a row with weight rows `r..r + n` of a
 // `QView` (`int8_dot_rows`) or all rows with a few weight rows (`int8_dot_tile`).
 pub(crate) use super::int8::{
-    dot_rows as int8_dot_rows, dot_tile as int8_dot_tile, Int8Tier, Q8Activations, Q8Row,
+    dot_rows as int8_dot_rows, dot_tile as int8_dot_tile, Int8Tier, Q8Activations,
 };
 
 /// One quantized `[N, K]` matrix in MLX affine layout.

@@ -41,6 +41,19 @@ const RW: usize = 4;
 /// x rows per pass in [`dot_tile`].
 const RX: usize = 2;
 
+/// The tier to run for the activation-precision code the C++ Primitive
+/// passes: `None` for exact (f32) activations.
+pub(crate) fn tier_for_code(code: i32) -> Result<Option<Int8Tier>, KernelError> {
+    use crate::kernels::ActivationPrecision;
+    match ActivationPrecision::from_code(code) {
+        Some(ActivationPrecision::Exact) => Ok(None),
+        Some(ActivationPrecision::Int8) => Ok(Some(Int8Tier::best())),
+        None => Err(KernelError::Unsupported(format!(
+            "activation precision code {code}"
+        ))),
+    }
+}
+
 /// Values per chunk (one 256-bit load of packed weights).
 fn chunk_values(bits: u32) -> usize {
     if bits == 4 {
@@ -230,11 +243,13 @@ pub(crate) fn dot_tile<P: Element>(
     let rows = out.len() / m;
     check_rows(w, first, rows)?;
     let (lay, avx) = (&w.lay, tier.has_avx2());
-    for r0 in (0..rows).step_by(RW) {
-        // Short groups repeat their last row; the extra sums are dropped.
-        let wr = [0, 1, 2, 3].map(|j| w.row(first + (r0 + j).min(rows - 1)));
-        for i0 in (0..m).step_by(RX) {
-            let xr = [0, 1].map(|j| xs.row((i0 + j).min(m - 1)));
+    // x rows outside: a pair of them stays in L1 while the tile's weight
+    // rows (a few KB) pass. Short groups repeat their last row; the extra
+    // sums are dropped.
+    for i0 in (0..m).step_by(RX) {
+        let xr = [0, 1].map(|j| xs.row((i0 + j).min(m - 1)));
+        for r0 in (0..rows).step_by(RW) {
+            let wr = [0, 1, 2, 3].map(|j| w.row(first + (r0 + j).min(rows - 1)));
             let d = scaled_tile::<P, RW, RX>(wr.each_ref(), xr.each_ref(), lay, tier);
             for (j, dr) in d.iter().enumerate().take(rows - r0) {
                 for (i, v) in dr.iter().enumerate().take(m - i0) {
