@@ -1,6 +1,8 @@
 //! The int8 dot products against (a) an independent scalar reference that
-//! quantizes x the same way (integer sums are exact: tight bound) and (b)
-//! the exact f64 dot product (loose bound), for every tier this CPU has.
+//! quantizes x the same way and dots the dequantized weights with the
+//! dequantized x in f64 (integer sums are exact: tight bound) and (b) the
+//! exact f64 dot product with x itself (loose bound), for every tier this
+//! CPU has.
 
 use super::*;
 use crate::kernels::cpu::simd::test_util::Rng;
@@ -63,8 +65,14 @@ fn reference_int8<P: Element>(w: &Weights<P>, row: usize, x: &[f32]) -> (f64, f6
         value += t;
         size += t.abs();
     }
-    for (g, xs) in x.chunks(w.lay.group_size).enumerate() {
-        let sum: f64 = xs.iter().map(|&v| v as f64).sum();
+    // The bias meets the dequantized x too: Σ bias·d·q over each group.
+    let per_block = w.lay.group_size / BLOCK;
+    for (g, qs) in q.chunks(w.lay.group_size).enumerate() {
+        let sum: f64 = qs
+            .chunks(BLOCK)
+            .zip(&d[g * per_block..])
+            .map(|(qb, &db)| db as f64 * qb.iter().sum::<i32>() as f64)
+            .sum();
         let t = w.biases[w.group(row, g * w.lay.group_size)].to_f32() as f64 * sum;
         value += t;
         size += t.abs();
