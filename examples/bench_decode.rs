@@ -3,10 +3,12 @@
 //! `decoder_layer` kernel on and off (off: the blocks run op by op, with the
 //! other kernels), in the file's dtype and in f32.
 //!
-//! `cargo run --release --example bench_decode [path.gguf] [file|f32] [on|off]`
-//! (the optional arguments run one dtype / one kernel setting only).
+//! `cargo run --release --example bench_decode [path.gguf] [file|f32|int8] [on|off]`
+//! (the optional arguments run one load mode / one kernel setting only:
+//! `file` the checkpoint's dtypes, `f32` f32 activations, `int8` f32 with
+//! int8-activation dot products).
 
-use mlx_backend::kernels::{registry, Kernel};
+use mlx_backend::kernels::{registry, ActivationPrecision, Kernel};
 use mlx_backend::model::{self, LoadOptions, Logits, Transformer};
 use mlx_backend::{Array, Dtype};
 use std::path::PathBuf;
@@ -49,13 +51,22 @@ fn main() -> anyhow::Result<()> {
     // A fixed, deterministic prompt of PREFILL token ids.
     let prompt: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + 37 * i).collect();
     let only = std::env::args().nth(2);
-    for dtype in [None, Some(Dtype::F32)] {
-        let name = if dtype.is_some() { "f32" } else { "file" };
+    for (dtype, activations) in [
+        (None, ActivationPrecision::Exact),
+        (Some(Dtype::F32), ActivationPrecision::Exact),
+        (Some(Dtype::F32), ActivationPrecision::Int8),
+    ] {
+        let name = match (dtype, activations) {
+            (None, _) => "file",
+            (_, ActivationPrecision::Exact) => "f32",
+            (_, ActivationPrecision::Int8) => "int8",
+        };
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
         let opts = LoadOptions {
             dtype,
+            activations,
             ..LoadOptions::default()
         };
         let loaded = model::load(&path, &opts)?;
@@ -73,10 +84,9 @@ fn main() -> anyhow::Result<()> {
             let fused = registry::snapshot().get(Kernel::DecoderLayer).fused - before;
             let same = reference.get_or_insert_with(|| tokens.clone()) == &tokens;
             println!(
-                "dtype {:>4} decoder_layer {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
+                "{name:>4} decoder_layer {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
                  decode {decode:7.1} ms/token ({:5.1} tok/s), fused blocks {fused}, \
                  cache copies {}, tokens same as kernel-on: {same}",
-                format!("{}", m.dtype()),
                 if on { "on" } else { "off" },
                 1e3 / decode,
                 mlx_backend::kernels::decoder_layer::cache_copies(),

@@ -44,6 +44,8 @@ pub(crate) mod bridge {
         has_freqs: bool,
         has_qkv_bias: bool,
         has_qk_norm: bool,
+        /// `ActivationPrecision` code of the projections.
+        activations: i32,
         /// MLX dtype code of the norms, scales and biases (filled by C++).
         params_dtype: i32,
     }
@@ -380,13 +382,16 @@ pub(crate) mod bridge {
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
-        /// `gate` and `up` are `[weight, scales, biases]`.
+        /// `gate` and `up` are `[weight, scales, biases]`; `activations` is
+        /// an `ActivationPrecision` code.
+        #[allow(clippy::too_many_arguments)]
         fn kernel_gate_qmv_silu_mul(
             x: &array,
             gate: &ArrayList,
             up: &ArrayList,
             group_size: i32,
             bits: i32,
+            activations: i32,
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
@@ -398,6 +403,7 @@ pub(crate) mod bridge {
             up: &ArrayList,
             group_size: i32,
             bits: i32,
+            activations: i32,
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
@@ -407,6 +413,7 @@ pub(crate) mod bridge {
             w: &ArrayList,
             group_size: i32,
             bits: i32,
+            activations: i32,
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
@@ -500,6 +507,7 @@ pub(crate) mod bridge {
             m: usize,
             n: usize,
             k: usize,
+            activations: i32,
         ) -> bool;
         #[allow(clippy::too_many_arguments)]
         fn gather_gate_qmv_silu_mul_cpu(
@@ -520,6 +528,7 @@ pub(crate) mod bridge {
             out: &mut [u8],
             n: usize,
             k: usize,
+            activations: i32,
         ) -> bool;
         #[allow(clippy::too_many_arguments)]
         fn quantized_matmul_cpu(
@@ -535,6 +544,7 @@ pub(crate) mod bridge {
             m: usize,
             n: usize,
             k: usize,
+            activations: i32,
         ) -> bool;
         /// `inputs`/`outputs`: `(address, bytes)` pairs of MLX buffers.
         fn decoder_layer_cpu(

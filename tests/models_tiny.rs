@@ -170,14 +170,14 @@ fn check_dir(name: &str, dir: &Path) {
     let g = golden(dir);
     let options = LoadOptions {
         dtype: g.load_dtype,
-        quantize: None,
+        ..LoadOptions::default()
     };
     let loaded = model::load(dir, &options).unwrap_or_else(|e| panic!("{name}: {e}"));
     let m = &loaded.model;
     let reference = g.bf16_activations.then(|| {
         let f32_options = LoadOptions {
             dtype: Some(Dtype::F32),
-            quantize: None,
+            ..LoadOptions::default()
         };
         model::load(dir, &f32_options).unwrap().model
     });
@@ -562,8 +562,8 @@ fn quantize_on_load_tracks_the_float_model() {
         let m = model::load(
             &dir,
             &LoadOptions {
-                dtype: None,
                 quantize,
+                ..LoadOptions::default()
             },
         )
         .unwrap()

@@ -5,6 +5,7 @@
 //! * [`moe_combine()`]: the weighted sum of the top-k expert outputs;
 //! * [`gate_qmv_silu_mul()`] / [`gather_gate_qmv_silu_mul()`]: the quantized SwiGLU projection;
 //! * [`quantized_matmul()`]: `x·Wᵀ` on affine-quantized weights (linears, tied lm_head);
+//!   the quantized ops' `_with` forms take an [`ActivationPrecision`] (exact or int8 x);
 //! * [`attention()`]: causal or unmasked scaled dot-product attention (GQA);
 //! * [`decoder_layer()`]: a whole quantized decoder block for decode rows, KV append included.
 //!
@@ -13,6 +14,7 @@
 //! fallback; the decision and its reason are counted. On a GPU stream the
 //! fallback is used until the GPU kernels exist.
 
+mod activation;
 pub mod attention;
 mod cpu;
 pub mod decoder_layer;
@@ -22,11 +24,15 @@ pub mod quantized_matmul;
 pub mod registry;
 pub mod rms_norm;
 
+pub use activation::ActivationPrecision;
 pub use attention::attention;
 pub use decoder_layer::{decoder_layer, DecoderLayer, RopeSpec};
-pub use gate_qmv_silu_mul::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul};
+pub use gate_qmv_silu_mul::{
+    gate_qmv_silu_mul, gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul,
+    gather_gate_qmv_silu_mul_with,
+};
 pub use moe_combine::moe_combine;
-pub use quantized_matmul::quantized_matmul;
+pub use quantized_matmul::{quantized_matmul, quantized_matmul_with};
 pub use registry::{FallbackReason, Kernel, KernelStats, Snapshot};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 

@@ -7,13 +7,21 @@ use super::config::{ModelConfig, MoeConfig, RopeScaling};
 use super::error::ModelLoadError;
 use super::kv_cache::LayerKvCache;
 use super::weights::Weights;
+use crate::kernels::ActivationPrecision;
 use crate::ops::{scaled_dot_product_attention, AttentionMask, Quantized, RopeOffset};
 use crate::{Array, Dtype, OpError};
 
 /// `y = x·Wᵀ (+ b)`, W dense or affine-quantized.
 pub enum Linear {
-    Dense { weight: Array, bias: Option<Array> },
-    Quantized { q: Quantized, bias: Option<Array> },
+    Dense {
+        weight: Array,
+        bias: Option<Array>,
+    },
+    Quantized {
+        q: Quantized,
+        bias: Option<Array>,
+        activations: ActivationPrecision,
+    },
 }
 
 impl Linear {
@@ -38,7 +46,11 @@ impl Linear {
                         found: q.weight.shape(),
                     });
                 }
-                Ok(Linear::Quantized { q, bias })
+                Ok(Linear::Quantized {
+                    q,
+                    bias,
+                    activations: w.activations(),
+                })
             }
             None => Ok(Linear::Dense {
                 weight: w.get_shaped(&format!("{prefix}.weight"), &[out_f as i32, in_f as i32])?,
@@ -56,8 +68,12 @@ impl Linear {
             } => Array::addmm(b, x, &weight.t()?),
             Linear::Dense { weight, bias: None } => x.matmul(&weight.t()?),
             // QuantizedLinear adds its bias after the product.
-            Linear::Quantized { q, bias } => {
-                let y = super::fused::quantized_matmul(x, q)?;
+            Linear::Quantized {
+                q,
+                bias,
+                activations,
+            } => {
+                let y = super::fused::quantized_matmul_with(x, q, *activations)?;
                 match bias {
                     Some(b) => y.add(b),
                     None => Ok(y),
@@ -72,8 +88,13 @@ impl Linear {
     /// f32 and returns f32 logits (see [`Embedding::as_linear`]).
     pub fn forward_logits(&self, x: &Array) -> Result<Array, OpError> {
         match self {
-            Linear::Quantized { q, bias } => {
-                let y = super::fused::quantized_matmul(&x.astype(Dtype::F32)?, q)?;
+            Linear::Quantized {
+                q,
+                bias,
+                activations,
+            } => {
+                let x = x.astype(Dtype::F32)?;
+                let y = super::fused::quantized_matmul_with(&x, q, *activations)?;
                 match bias {
                     Some(b) => y.add(b),
                     None => Ok(y),
@@ -87,7 +108,8 @@ impl Linear {
 /// Token embeddings; also the lm_head when weights are tied.
 pub enum Embedding {
     Dense(Array),
-    Quantized(Quantized),
+    /// The activation precision applies when it serves as the lm_head.
+    Quantized(Quantized, ActivationPrecision),
 }
 
 impl Embedding {
@@ -98,7 +120,7 @@ impl Embedding {
         hidden: usize,
     ) -> Result<Embedding, ModelLoadError> {
         match w.quantized(prefix, hidden)? {
-            Some(q) => Ok(Embedding::Quantized(q)),
+            Some(q) => Ok(Embedding::Quantized(q, w.activations())),
             None => Ok(Embedding::Dense(w.get_shaped(
                 &format!("{prefix}.weight"),
                 &[vocab as i32, hidden as i32],
@@ -110,7 +132,7 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => w.take(ids, 0),
-            Embedding::Quantized(q) => Quantized {
+            Embedding::Quantized(q, _) => Quantized {
                 weight: q.weight.take(ids, 0)?,
                 scales: q.scales.take(ids, 0)?,
                 biases: q.biases.take(ids, 0)?,
@@ -128,14 +150,16 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => x.matmul(&w.t()?),
-            Embedding::Quantized(q) => super::fused::quantized_matmul(&x.astype(Dtype::F32)?, q),
+            Embedding::Quantized(q, activations) => {
+                super::fused::quantized_matmul_with(&x.astype(Dtype::F32)?, q, *activations)
+            }
         }
     }
 
     pub fn dtype(&self) -> Dtype {
         match self {
             Embedding::Dense(w) => w.dtype(),
-            Embedding::Quantized(q) => q.scales.dtype(),
+            Embedding::Quantized(q, _) => q.scales.dtype(),
         }
     }
 }
@@ -571,9 +595,16 @@ impl Mlp {
 
     pub fn forward(&self, x: &Array) -> Result<Array, OpError> {
         let h = match (&self.gate_proj, &self.up_proj) {
-            (Linear::Quantized { q: g, bias: None }, Linear::Quantized { q: u, bias: None }) => {
-                super::fused::gate_qmv_silu_mul(x, g, u)?
-            }
+            (
+                Linear::Quantized {
+                    q: g,
+                    bias: None,
+                    activations,
+                },
+                Linear::Quantized {
+                    q: u, bias: None, ..
+                },
+            ) => super::fused::gate_qmv_silu_mul_with(x, g, u, *activations)?,
             _ => self
                 .gate_proj
                 .forward(x)?
@@ -587,7 +618,7 @@ impl Mlp {
 /// Stacked expert weights `[E, N, K]`, dense or quantized (mlx-lm's SwitchLinear).
 enum SwitchLinear {
     Dense(Array),
-    Quantized(Quantized),
+    Quantized(Quantized, ActivationPrecision),
 }
 
 impl SwitchLinear {
@@ -599,7 +630,7 @@ impl SwitchLinear {
         out_f: usize,
     ) -> Result<SwitchLinear, ModelLoadError> {
         match w.quantized(prefix, in_f)? {
-            Some(q) => Ok(SwitchLinear::Quantized(q)),
+            Some(q) => Ok(SwitchLinear::Quantized(q, w.activations())),
             None => Ok(SwitchLinear::Dense(w.get_shaped(
                 &format!("{prefix}.weight"),
                 &[experts as i32, out_f as i32, in_f as i32],
@@ -613,7 +644,8 @@ impl SwitchLinear {
             SwitchLinear::Dense(w) => {
                 x.gather_mm(&w.transpose(&[0, 2, 1])?, None, Some(idx), false)
             }
-            SwitchLinear::Quantized(q) => q.gather_matmul(x, None, Some(idx), true, false),
+            // MLX's gather_qmm: the activation precision does not apply.
+            SwitchLinear::Quantized(q, _) => q.gather_matmul(x, None, Some(idx), true, false),
         }
     }
 }
@@ -676,8 +708,9 @@ impl SparseMoe {
         debug_assert!(e >= k);
         let xe = x.expand_dims(&[-2, -3])?;
         let y = match (&self.gate_proj, &self.up_proj) {
-            (SwitchLinear::Quantized(g), SwitchLinear::Quantized(u)) => {
-                super::fused::gather_gate_qmv_silu_mul(x, &inds, g, u)?.expand_dims(&[-2])?
+            (SwitchLinear::Quantized(g, activations), SwitchLinear::Quantized(u, _)) => {
+                super::fused::gather_gate_qmv_silu_mul_with(x, &inds, g, u, *activations)?
+                    .expand_dims(&[-2])?
             }
             _ => {
                 let g = self.gate_proj.forward(&xe, &inds)?;
@@ -707,10 +740,14 @@ pub(crate) fn fused_decoder_layer<'a>(
 ) -> Option<crate::kernels::DecoderLayer<'a>> {
     fn quantized(l: &Linear) -> Option<(&Quantized, Option<&Array>)> {
         match l {
-            Linear::Quantized { q, bias } => Some((q, bias.as_ref())),
+            Linear::Quantized { q, bias, .. } => Some((q, bias.as_ref())),
             Linear::Dense { .. } => None,
         }
     }
+    let activations = match &attn.q_proj {
+        Linear::Quantized { activations, .. } => *activations,
+        Linear::Dense { .. } => return None,
+    };
     let (q, bq) = quantized(&attn.q_proj)?;
     let (k, bk) = quantized(&attn.k_proj)?;
     let (v, bv) = quantized(&attn.v_proj)?;
@@ -752,5 +789,6 @@ pub(crate) fn fused_decoder_layer<'a>(
             mscale: rope.mscale,
             freqs: rope.freqs.as_ref(),
         },
+        activations,
     })
 }

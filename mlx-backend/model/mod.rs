@@ -23,6 +23,7 @@ pub use kv_cache::LayerKvCache;
 pub use transformer::{Logits, Transformer};
 
 use crate::io::{GgufFile, SafetensorsFile};
+use crate::kernels::ActivationPrecision;
 use crate::{Array, Dtype};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,6 +36,10 @@ pub struct LoadOptions {
     pub dtype: Option<Dtype>,
     /// Quantize an unquantized checkpoint on load: `(group_size, bits)`.
     pub quantize: Option<(i32, i32)>,
+    /// Activation precision of the quantized layers' CPU kernels
+    /// (`quantized_matmul`, `gate_qmv_silu_mul`); no effect where they fall
+    /// back to MLX's graph (GPU streams, ineligible inputs).
+    pub activations: ActivationPrecision,
 }
 
 impl LoadOptions {
@@ -45,6 +50,7 @@ impl LoadOptions {
         LoadOptions {
             dtype: (device == crate::Device::Cpu).then_some(Dtype::F32),
             quantize: None,
+            activations: ActivationPrecision::Exact,
         }
     }
 }
@@ -94,6 +100,7 @@ fn build(
 ) -> Result<Transformer, ModelLoadError> {
     qwen_moe::stack_experts(&mut tensors, &config)?;
     let mut weights = Weights::new(tensors, config.quantization.clone(), from_gguf);
+    weights.set_activations(options.activations);
     if let Some(dtype) = options.dtype {
         weights.cast_floats(dtype)?;
     }

@@ -3,6 +3,7 @@
 
 use super::config::QuantConfig;
 use super::error::ModelLoadError;
+use crate::kernels::ActivationPrecision;
 use crate::ops::Quantized;
 use crate::Array;
 use std::collections::BTreeMap;
@@ -12,6 +13,8 @@ pub struct Weights {
     quantization: Option<QuantConfig>,
     /// GGUF files carry no quantization config: group 32, bits from shapes.
     infer_quantization: bool,
+    /// What the quantized layers built from these weights ask their kernels for.
+    activations: ActivationPrecision,
 }
 
 impl Weights {
@@ -24,7 +27,17 @@ impl Weights {
             tensors,
             quantization,
             infer_quantization,
+            activations: ActivationPrecision::Exact,
         }
+    }
+
+    pub fn set_activations(&mut self, activations: ActivationPrecision) {
+        self.activations = activations;
+    }
+
+    /// The activation precision of quantized layers (from `LoadOptions`).
+    pub fn activations(&self) -> ActivationPrecision {
+        self.activations
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -208,6 +208,7 @@ DecoderLayerSpec to_spec(const LayerConfig& c, const array& params_like) {
   s.has_freqs = c.has_freqs;
   s.has_qkv_bias = c.has_qkv_bias;
   s.has_qk_norm = c.has_qk_norm;
+  s.activations = c.activations;
   s.params_dtype = static_cast<int32_t>(params_like.dtype().val());
   return s;
 }
@@ -233,6 +234,7 @@ LayerConfig from_spec(
       s.has_freqs,
       s.has_qkv_bias,
       s.has_qk_norm,
+      s.activations,
       std::vector<int>(quant.begin(), quant.end()),
       std::vector<int>(offsets.begin(), offsets.end()),
   };

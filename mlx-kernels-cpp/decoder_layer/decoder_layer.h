@@ -32,6 +32,7 @@ struct LayerConfig {
   bool has_freqs;
   bool has_qkv_bias;
   bool has_qk_norm;
+  int activations;
   // (bits, group_size) of q, k, v, o, gate, up, down.
   std::vector<int> quant;
   std::vector<int> offsets;

@@ -38,9 +38,10 @@ void GateQmvSiluMulPrimitive::eval_cpu(
   size_t n = inputs[base].shape(-2);
   uint32_t bits = bits_;
   size_t group = group_size_;
+  int32_t activations = activations_;
   if (!indexed_) {
     size_t m = x.size() / k;
-    enc.dispatch([inputs, out, m, n, k, bits, group]() mutable {
+    enc.dispatch([inputs, out, m, n, k, bits, group, activations]() mutable {
       auto words = [&](size_t i) {
         return rust::Slice<const uint32_t>(inputs[i].data<uint32_t>(), inputs[i].size());
       };
@@ -48,7 +49,7 @@ void GateQmvSiluMulPrimitive::eval_cpu(
               static_cast<int32_t>(inputs[0].dtype().val()),
               static_cast<int32_t>(inputs[2].dtype().val()), bytes_of(inputs[0]), words(1),
               bytes_of(inputs[2]), bytes_of(inputs[3]), words(4), bytes_of(inputs[5]),
-              bytes_of(inputs[6]), bits, group, bytes_of_mut(out), m, n, k)) {
+              bytes_of(inputs[6]), bits, group, bytes_of_mut(out), m, n, k, activations)) {
         poison(out);
       }
     });
@@ -56,7 +57,7 @@ void GateQmvSiluMulPrimitive::eval_cpu(
   }
   size_t top_k = inputs[1].shape(-1);
   size_t experts = inputs[2].shape(0);
-  enc.dispatch([inputs, out, n, k, top_k, experts, bits, group]() mutable {
+  enc.dispatch([inputs, out, n, k, top_k, experts, bits, group, activations]() mutable {
     auto words = [&](size_t i) {
       return rust::Slice<const uint32_t>(inputs[i].data<uint32_t>(), inputs[i].size());
     };
@@ -70,7 +71,7 @@ void GateQmvSiluMulPrimitive::eval_cpu(
             static_cast<int32_t>(inputs[3].dtype().val()), bytes_of(inputs[0]),
             rust::Slice<const uint32_t>(x_row_for.data(), x_row_for.size()), words(1), words(2),
             bytes_of(inputs[3]), bytes_of(inputs[4]), words(5), bytes_of(inputs[6]),
-            bytes_of(inputs[7]), bits, group, experts, bytes_of_mut(out), n, k)) {
+            bytes_of(inputs[7]), bits, group, experts, bytes_of_mut(out), n, k, activations)) {
       poison(out);
     }
   });
@@ -78,7 +79,8 @@ void GateQmvSiluMulPrimitive::eval_cpu(
 
 bool GateQmvSiluMulPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto o = dynamic_cast<const GateQmvSiluMulPrimitive*>(&other);
-  return o && o->group_size_ == group_size_ && o->bits_ == bits_ && o->indexed_ == indexed_;
+  return o && o->group_size_ == group_size_ && o->bits_ == bits_ &&
+      o->activations_ == activations_ && o->indexed_ == indexed_;
 }
 
 std::vector<mx::Shape> GateQmvSiluMulPrimitive::output_shapes(const std::vector<array>& inputs) {
@@ -98,6 +100,7 @@ array gate_qmv_silu_mul_op(
     const std::vector<array>& up,
     int group_size,
     int bits,
+    int activations,
     bool fused,
     mx::Stream s) {
   int k = check_quant_x(kOp, x, group_size, bits);
@@ -120,7 +123,8 @@ array gate_qmv_silu_mul_op(
   return array(
       shape,
       x.dtype(),
-      std::make_shared<GateQmvSiluMulPrimitive>(s, fallback, group_size, bits, false),
+      std::make_shared<GateQmvSiluMulPrimitive>(
+          s, fallback, group_size, bits, activations, false),
       inputs);
 }
 
@@ -131,6 +135,7 @@ array gather_gate_qmv_silu_mul_op(
     const std::vector<array>& up,
     int group_size,
     int bits,
+    int activations,
     bool fused,
     mx::Stream s) {
   int k = check_quant_x(kOp, x, group_size, bits);
@@ -174,7 +179,8 @@ array gather_gate_qmv_silu_mul_op(
   return array(
       shape,
       x.dtype(),
-      std::make_shared<GateQmvSiluMulPrimitive>(s, fallback, group_size, bits, true),
+      std::make_shared<GateQmvSiluMulPrimitive>(
+          s, fallback, group_size, bits, activations, true),
       inputs);
 }
 
@@ -184,9 +190,11 @@ ArrayPtr kernel_gate_qmv_silu_mul(
     const ArrayList& up,
     int32_t group_size,
     int32_t bits,
+    int32_t activations,
     bool fused,
     StreamSpec s) {
-  return wrap(gate_qmv_silu_mul_op(x, gate.items, up.items, group_size, bits, fused, to_stream(s)));
+  return wrap(gate_qmv_silu_mul_op(
+      x, gate.items, up.items, group_size, bits, activations, fused, to_stream(s)));
 }
 
 ArrayPtr kernel_gather_gate_qmv_silu_mul(
@@ -196,10 +204,11 @@ ArrayPtr kernel_gather_gate_qmv_silu_mul(
     const ArrayList& up,
     int32_t group_size,
     int32_t bits,
+    int32_t activations,
     bool fused,
     StreamSpec s) {
   return wrap(gather_gate_qmv_silu_mul_op(
-      x, indices, gate.items, up.items, group_size, bits, fused, to_stream(s)));
+      x, indices, gate.items, up.items, group_size, bits, activations, fused, to_stream(s)));
 }
 
 } // namespace mlx_backend

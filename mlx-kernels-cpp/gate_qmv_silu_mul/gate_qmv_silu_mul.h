@@ -10,12 +10,21 @@ namespace mlx_backend {
 
 // Inputs: dense [x, gw, gs, gb, uw, us, ub]; expert-indexed
 // [x, indices, gw, gs, gb, uw, us, ub] with weights stacked [E, N, ...].
+// `activations` is the Rust ActivationPrecision code (0 exact, 1 int8); only
+// the CPU kernel reads it (the fallback graph is MLX's own).
 class GateQmvSiluMulPrimitive : public FallbackPrimitive {
  public:
-  GateQmvSiluMulPrimitive(mlx::core::Stream s, Fallback f, int group_size, int bits, bool indexed)
+  GateQmvSiluMulPrimitive(
+      mlx::core::Stream s,
+      Fallback f,
+      int group_size,
+      int bits,
+      int activations,
+      bool indexed)
       : FallbackPrimitive(s, std::move(f)),
         group_size_(group_size),
         bits_(bits),
+        activations_(activations),
         indexed_(indexed) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
   const char* name() const override {
@@ -27,6 +36,7 @@ class GateQmvSiluMulPrimitive : public FallbackPrimitive {
  private:
   int group_size_;
   int bits_;
+  int activations_;
   bool indexed_;
 };
 
@@ -36,6 +46,7 @@ array gate_qmv_silu_mul_op(
     const std::vector<array>& up,
     int group_size,
     int bits,
+    int activations,
     bool fused,
     mlx::core::Stream s);
 
@@ -46,6 +57,7 @@ array gather_gate_qmv_silu_mul_op(
     const std::vector<array>& up,
     int group_size,
     int bits,
+    int activations,
     bool fused,
     mlx::core::Stream s);
 
@@ -56,6 +68,7 @@ ArrayPtr kernel_gate_qmv_silu_mul(
     const ArrayList& up,
     int32_t group_size,
     int32_t bits,
+    int32_t activations,
     bool fused,
     StreamSpec s);
 ArrayPtr kernel_gather_gate_qmv_silu_mul(
@@ -65,6 +78,7 @@ ArrayPtr kernel_gather_gate_qmv_silu_mul(
     const ArrayList& up,
     int32_t group_size,
     int32_t bits,
+    int32_t activations,
     bool fused,
     StreamSpec s);
 

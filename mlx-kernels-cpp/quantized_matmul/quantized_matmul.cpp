@@ -23,12 +23,14 @@ void QuantizedMatmulPrimitive::eval_cpu(
   size_t m = k == 0 ? 0 : inputs[0].size() / k;
   uint32_t bits = bits_;
   size_t group = group_size_;
-  enc.dispatch([inputs, out, m, n, k, bits, group]() mutable {
+  int32_t activations = activations_;
+  enc.dispatch([inputs, out, m, n, k, bits, group, activations]() mutable {
     rust::Slice<const uint32_t> w(inputs[1].data<uint32_t>(), inputs[1].size());
     if (!quantized_matmul_cpu(
             static_cast<int32_t>(inputs[0].dtype().val()),
             static_cast<int32_t>(inputs[2].dtype().val()), bytes_of(inputs[0]), w,
-            bytes_of(inputs[2]), bytes_of(inputs[3]), bits, group, bytes_of_mut(out), m, n, k)) {
+            bytes_of(inputs[2]), bytes_of(inputs[3]), bits, group, bytes_of_mut(out), m, n, k,
+            activations)) {
       poison(out);
     }
   });
@@ -36,7 +38,8 @@ void QuantizedMatmulPrimitive::eval_cpu(
 
 bool QuantizedMatmulPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto o = dynamic_cast<const QuantizedMatmulPrimitive*>(&other);
-  return o && o->group_size_ == group_size_ && o->bits_ == bits_;
+  return o && o->group_size_ == group_size_ && o->bits_ == bits_ &&
+      o->activations_ == activations_;
 }
 
 std::vector<mx::Shape> QuantizedMatmulPrimitive::output_shapes(const std::vector<array>& inputs) {
@@ -50,6 +53,7 @@ array quantized_matmul_op(
     const std::vector<array>& w,
     int group_size,
     int bits,
+    int activations,
     bool fused,
     mx::Stream s) {
   int k = check_quant_x(kOp, x, group_size, bits);
@@ -71,7 +75,7 @@ array quantized_matmul_op(
   return array(
       shape,
       mx::promote_types(x.dtype(), w[1].dtype()),
-      std::make_shared<QuantizedMatmulPrimitive>(s, fallback, group_size, bits),
+      std::make_shared<QuantizedMatmulPrimitive>(s, fallback, group_size, bits, activations),
       inputs);
 }
 
@@ -80,9 +84,11 @@ ArrayPtr kernel_quantized_matmul(
     const ArrayList& w,
     int32_t group_size,
     int32_t bits,
+    int32_t activations,
     bool fused,
     StreamSpec s) {
-  return wrap(quantized_matmul_op(x, w.items, group_size, bits, fused, to_stream(s)));
+  return wrap(
+      quantized_matmul_op(x, w.items, group_size, bits, activations, fused, to_stream(s)));
 }
 
 } // namespace mlx_backend

@@ -8,11 +8,16 @@
 
 namespace mlx_backend {
 
-// Inputs: [x, w, scales, biases]; x [..., K] → [..., N].
+// Inputs: [x, w, scales, biases]; x [..., K] → [..., N]. `activations` is
+// the Rust ActivationPrecision code (0 exact, 1 int8); only the CPU kernel
+// reads it (the fallback graph is MLX's own).
 class QuantizedMatmulPrimitive : public FallbackPrimitive {
  public:
-  QuantizedMatmulPrimitive(mlx::core::Stream s, Fallback f, int group_size, int bits)
-      : FallbackPrimitive(s, std::move(f)), group_size_(group_size), bits_(bits) {}
+  QuantizedMatmulPrimitive(mlx::core::Stream s, Fallback f, int group_size, int bits, int activations)
+      : FallbackPrimitive(s, std::move(f)),
+        group_size_(group_size),
+        bits_(bits),
+        activations_(activations) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
   const char* name() const override {
     return "QuantizedMatmulKernel";
@@ -23,6 +28,7 @@ class QuantizedMatmulPrimitive : public FallbackPrimitive {
  private:
   int group_size_;
   int bits_;
+  int activations_;
 };
 
 array quantized_matmul_op(
@@ -30,6 +36,7 @@ array quantized_matmul_op(
     const std::vector<array>& w,
     int group_size,
     int bits,
+    int activations,
     bool fused,
     mlx::core::Stream s);
 
@@ -39,6 +46,7 @@ ArrayPtr kernel_quantized_matmul(
     const ArrayList& w,
     int32_t group_size,
     int32_t bits,
+    int32_t activations,
     bool fused,
     StreamSpec s);
 

@@ -3,6 +3,7 @@
 //! `extern "Rust"` entry points use to reach the typed kernels.
 
 pub(crate) mod error;
+pub(crate) mod int8;
 pub(crate) mod quant;
 pub(crate) mod simd;
 

@@ -11,6 +11,13 @@
 use super::error::{check_len, KernelError};
 use super::simd::Element;
 
+// Int8-activation dot products (`ActivationPrecision::Int8`): prepare x rows
+// once (`Q8Activations`), then dot a row with weight rows `r..r + n` of a
+// `QView` (`int8_dot_rows`) or all rows with a few weight rows (`int8_dot_tile`).
+pub(crate) use super::int8::{
+    dot_rows as int8_dot_rows, dot_tile as int8_dot_tile, Int8Tier, Q8Activations,
+};
+
 /// One quantized `[N, K]` matrix in MLX affine layout.
 #[derive(Clone, Copy, Debug)]
 pub struct QuantMatrix<'a, T> {
@@ -293,7 +300,7 @@ fn dequant_scalar<T: Element>(row: &QRow<T>, lay: &Layout, first_block: usize, d
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{dequant_scalar, qdot_scalar, Layout, QRow};
     use crate::kernels::cpu::simd::{avx2::hsum, Element};
     use std::arch::x86_64::*;
@@ -302,7 +309,7 @@ mod x86 {
     /// most two groups (4-bit, group 32), split between lanes 3 and 4.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn lane_params<T: Element>(params: &[T], lay: &Layout, b: usize) -> __m256 {
+    pub(crate) fn lane_params<T: Element>(params: &[T], lay: &Layout, b: usize) -> __m256 {
         let (g0, g1) = (lay.group_of_word(b * 8), lay.group_of_word(b * 8 + 7));
         if g0 == g1 {
             // SAFETY: this function's target features include F16C.

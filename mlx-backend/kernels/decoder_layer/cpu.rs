@@ -17,13 +17,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ffi::DecoderLayerSpec;
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::quant::QuantMatrix;
+use crate::kernels::cpu::int8::{dot_rows, Int8Tier, Q8Activations};
+use crate::kernels::cpu::quant::{Layout, QView, QuantMatrix};
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::{run_entry, with_float, FloatKind};
-use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul;
-use crate::kernels::quantized_matmul::cpu::quantized_matmul;
+use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with;
+use crate::kernels::quantized_matmul::cpu::quantized_matmul_with;
 use crate::kernels::registry::Kernel;
 use crate::kernels::rms_norm::cpu::rms_norm;
+use crate::kernels::ActivationPrecision;
 
 /// The projections, in the order of their `(bits, group_size)` pairs and
 /// of their `[w, scales, biases]` inputs.
@@ -100,11 +102,88 @@ pub struct Geometry {
     pub head_dim: usize,
     pub eps: f32,
     pub attn_scale: f32,
+    /// Int8 activations on this tier for the projections; `None`: exact f32.
+    pub int8: Option<Int8Tier>,
+}
+
+/// Below this many multiply-adds a single-row projection stays on one thread.
+const SPLIT_MIN_MACS: usize = 1 << 16;
+
+/// `src [rows, k] · Wᵀ → [rows, n]`. A single row is split in two halves of
+/// output rows over the pool (the caller runs inside a rayon scope, so the
+/// split costs a local push, not a wake-up from outside the pool).
+fn project<P: Element>(
+    src: &[f32],
+    m: &QuantMatrix<P>,
+    rows: usize,
+    n: usize,
+    k: usize,
+    int8: Option<Int8Tier>,
+) -> Result<Vec<f32>, KernelError> {
+    let mut dst = vec![0.0f32; rows * n];
+    if rows != 1 || n < 4 || n * k < SPLIT_MIN_MACS {
+        quantized_matmul_with::<f32, P>(src, *m, &mut dst, rows, n, k, int8)?;
+        return Ok(dst);
+    }
+    let lay = Layout::new(m.bits, m.group_size, n, k)?;
+    let view = QView::new("w", m.w, m.scales, m.biases, lay, 1)?;
+    let half = (n / 2) & !1;
+    let (lo, hi) = dst.split_at_mut(half);
+    match int8 {
+        Some(tier) => {
+            let x = Q8Activations::prepare(std::iter::once(src), &lay);
+            let (a, b) = rayon::join(
+                || dot_rows(x.row(0), &view, 0, lo, tier),
+                || dot_rows(x.row(0), &view, half, hi, tier),
+            );
+            a.and(b)?;
+        }
+        None => {
+            let part = |first: usize, out: &mut [f32]| {
+                let rows = rows_of(m, k, first, out.len());
+                quantized_matmul_with::<f32, P>(src, rows, out, 1, out.len(), k, None)
+            };
+            let (a, b) = rayon::join(|| part(0, lo), || part(half, hi));
+            a.and(b)?;
+        }
+    }
+    Ok(dst)
+}
+
+/// Output rows `first..first + count` of `m` (K = `k`) as a matrix of their own.
+fn rows_of<'a, P>(
+    m: &QuantMatrix<'a, P>,
+    k: usize,
+    first: usize,
+    count: usize,
+) -> QuantMatrix<'a, P> {
+    let words = k * m.bits as usize / 32;
+    let groups = k / m.group_size;
+    QuantMatrix {
+        w: &m.w[first * words..][..count * words],
+        scales: &m.scales[first * groups..][..count * groups],
+        biases: &m.biases[first * groups..][..count * groups],
+        bits: m.bits,
+        group_size: m.group_size,
+    }
 }
 
 /// Runs the block for `x [rows, hidden]` into `out [rows, hidden]`,
 /// appending each row's key and value to `caches[row]`.
 pub fn decoder_layer<P: Element>(
+    x: &[f32],
+    w: &LayerWeights<P>,
+    g: &Geometry,
+    rope: &Rope,
+    caches: &mut [RowCache],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    // Inside a scope the block runs on a pool thread, so every split below
+    // is a cheap local one.
+    rayon::scope(|_| decoder_layer_body(x, w, g, rope, caches, out))
+}
+
+fn decoder_layer_body<P: Element>(
     x: &[f32],
     w: &LayerWeights<P>,
     g: &Geometry,
@@ -138,10 +217,8 @@ pub fn decoder_layer<P: Element>(
         let wf: Vec<f32> = weight.iter().map(|v| v.to_f32()).collect();
         rms_norm::<f32>(src, dim, &wf, 1, dst, n, dim, g.eps)
     };
-    let project = |src: &[f32], m: &QuantMatrix<P>, n: usize, k: usize| {
-        let mut dst = vec![0.0f32; rows * n];
-        quantized_matmul::<f32, P>(src, *m, &mut dst, rows, n, k).map(|_| dst)
-    };
+    let project =
+        |src: &[f32], m: &QuantMatrix<P>, n: usize, k: usize| project(src, m, rows, n, k, g.int8);
 
     // Attention half.
     let mut xn = vec![0.0f32; rows * h];
@@ -204,7 +281,7 @@ pub fn decoder_layer<P: Element>(
     let mut hn = vec![0.0f32; rows * h];
     norm(&hres, w.post_norm, &mut hn, rows, h)?;
     let mut act = vec![0.0f32; rows * g.intermediate];
-    gate_qmv_silu_mul::<f32, P>(&hn, *wg, *wu, &mut act, rows, g.intermediate, h)?;
+    gate_qmv_silu_mul_with::<f32, P>(&hn, *wg, *wu, &mut act, rows, g.intermediate, h, g.int8)?;
     let down = project(&act, wd, h, g.intermediate)?;
     for ((o, a), b) in out.iter_mut().zip(&hres).zip(&down) {
         *o = a + b;
@@ -415,6 +492,16 @@ fn run<P: Element>(
         head_dim: spec.head_dim,
         eps: spec.eps,
         attn_scale: spec.attn_scale,
+        int8: match ActivationPrecision::from_code(spec.activations) {
+            Some(ActivationPrecision::Exact) => None,
+            Some(ActivationPrecision::Int8) => Some(Int8Tier::best()),
+            None => {
+                return Err(KernelError::Unsupported(format!(
+                    "activation precision code {}",
+                    spec.activations
+                )))
+            }
+        },
     };
     let weights = LayerWeights {
         input_norm,

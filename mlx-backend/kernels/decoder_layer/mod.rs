@@ -31,6 +31,7 @@ pub(crate) mod cpu;
 pub use cpu::cache_copies;
 
 use super::registry::{FallbackReason, Kernel};
+use super::ActivationPrecision;
 use super::{build, on_cpu, QuantSpec, WarmupSpec};
 use crate::array::{list, unlist, Array};
 use crate::dtype::Dtype;
@@ -69,6 +70,9 @@ pub struct DecoderLayer<'a> {
     pub head_dim: i32,
     pub attn_scale: f32,
     pub rope: RopeSpec<'a>,
+    /// How the kernel's projections treat their input (see
+    /// [`ActivationPrecision`]); no effect on the fallback graph.
+    pub activations: ActivationPrecision,
 }
 
 impl DecoderLayer<'_> {
@@ -180,6 +184,7 @@ pub fn decoder_layer(
         has_freqs: layer.rope.freqs.is_some(),
         has_qkv_bias: layer.qkv_bias.is_some(),
         has_qk_norm: layer.qk_norm.is_some(),
+        activations: layer.activations.code(),
         params_dtype: 0,
     };
     let quant: Vec<i32> = layer
@@ -282,6 +287,7 @@ pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, O
             mscale: 1.0,
             freqs: None,
         },
+        activations: ActivationPrecision::Exact,
     };
     let x = normal(&[b, 1, h], 1.0, Dtype::F32)?;
     let cache: Vec<(Array, Array)> = (0..b)

@@ -12,9 +12,11 @@ use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
+use crate::kernels::cpu::int8::tier_for_code;
 pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
-    bias_term, dequant, qdot2_scaled, scatter_rows, Layout, PreparedX, QRow, QView,
+    bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
+    PreparedX, Q8Activations, QRow, QView,
 };
 use crate::kernels::cpu::simd::{self, Element};
 
@@ -34,7 +36,8 @@ pub struct QuantExperts<'a, T> {
     pub num_experts: usize,
 }
 
-/// Dense form: `x` is `[m, k]`, `out` is `[m, n]`, both row-major.
+/// Dense form: `x` is `[m, k]`, `out` is `[m, n]`, both row-major (exact activations).
+#[cfg(test)] // the exact form, as the tests call it
 pub fn gate_qmv_silu_mul<T: Element, P: Element>(
     x: &[T],
     gate: QuantMatrix<P>,
@@ -44,6 +47,21 @@ pub fn gate_qmv_silu_mul<T: Element, P: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
+    gate_qmv_silu_mul_with(x, gate, up, out, m, n, k, None)
+}
+
+/// [`gate_qmv_silu_mul`] with int8 activations on `int8` (`None`: exact).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
+    x: &[T],
+    gate: QuantMatrix<P>,
+    up: QuantMatrix<P>,
+    out: &mut [T],
+    m: usize,
+    n: usize,
+    k: usize,
+    int8: Option<Int8Tier>,
+) -> Result<(), KernelError> {
     let lay = shared_layout(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
     let gv = QView::new("gate", gate.w, gate.scales, gate.biases, lay, 1)?;
     let uv = QView::new("up", up.w, up.scales, up.biases, lay, 1)?;
@@ -52,12 +70,12 @@ pub fn gate_qmv_silu_mul<T: Element, P: Element>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let px = PreparedX::new(x.chunks_exact(k), &lay);
+    let px = Prepared::new(x.chunks_exact(k), &lay, int8);
     if m == 1 {
-        project_rows(&px, &gv, &uv, out);
+        project_rows(&px, &gv, &uv, out)?;
     } else {
         let mut tmp = vec![T::from_f32(0.0); n * m];
-        project_rows(&px, &gv, &uv, &mut tmp);
+        project_rows(&px, &gv, &uv, &mut tmp)?;
         scatter_rows(&tmp, out, m, n, |r| r);
     }
     Ok(())
@@ -66,7 +84,8 @@ pub fn gate_qmv_silu_mul<T: Element, P: Element>(
 /// Expert-indexed form: output row `i` is computed from x row
 /// `x_row_for[i]` with expert `experts[i]`. `x` is `[R, k]`, `out` is
 /// `[experts.len(), n]`. Rows sharing an expert are batched so that
-/// expert's weights are read once.
+/// expert's weights are read once. Exact activations.
+#[cfg(test)] // the exact form, as the tests call it
 #[allow(clippy::too_many_arguments)]
 pub fn gather_gate_qmv_silu_mul<T: Element, P: Element>(
     x: &[T],
@@ -77,6 +96,22 @@ pub fn gather_gate_qmv_silu_mul<T: Element, P: Element>(
     out: &mut [T],
     n: usize,
     k: usize,
+) -> Result<(), KernelError> {
+    gather_gate_qmv_silu_mul_with(x, x_row_for, experts, gate, up, out, n, k, None)
+}
+
+/// [`gather_gate_qmv_silu_mul`] with int8 activations on `int8` (`None`: exact).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
+    x: &[T],
+    x_row_for: &[u32],
+    experts: &[u32],
+    gate: QuantExperts<P>,
+    up: QuantExperts<P>,
+    out: &mut [T],
+    n: usize,
+    k: usize,
+    int8: Option<Int8Tier>,
 ) -> Result<(), KernelError> {
     let lay = shared_layout(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
     if gate.num_experts != up.num_experts {
@@ -118,9 +153,9 @@ pub fn gather_gate_qmv_silu_mul<T: Element, P: Element>(
     for group in order.chunk_by(|&a, &b| experts[a] == experts[b]) {
         let e = experts[group[0]] as usize;
         let x_sel = group.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
-        let px = PreparedX::new(x_sel, &lay);
+        let px = Prepared::new(x_sel, &lay, int8);
         let mut tmp = vec![T::from_f32(0.0); n * group.len()];
-        project_rows(&px, &gv.expert(e), &uv.expert(e), &mut tmp);
+        project_rows(&px, &gv.expert(e), &uv.expert(e), &mut tmp)?;
         scatter_rows(&tmp, out, group.len(), n, |r| group[r]);
     }
     Ok(())
@@ -144,8 +179,81 @@ fn shared_layout(
     Layout::new(gate_bits, gate_group, n, k)
 }
 
+/// x rows prepared once per call: f32 in block order, or int8.
+enum Prepared {
+    Exact(PreparedX),
+    Int8(Q8Activations, Int8Tier),
+}
+
+impl Prepared {
+    fn new<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+        int8: Option<Int8Tier>,
+    ) -> Self {
+        match int8 {
+            None => Prepared::Exact(PreparedX::new(rows, lay)),
+            Some(tier) => Prepared::Int8(Q8Activations::prepare(rows, lay), tier),
+        }
+    }
+}
+
 /// Fills `dst` (`[n][m]`, transposed) with the activated outputs.
 fn project_rows<T: Element, P: Element>(
+    px: &Prepared,
+    gate: &QView<P>,
+    up: &QView<P>,
+    dst: &mut [T],
+) -> Result<(), KernelError> {
+    match px {
+        Prepared::Exact(px) => {
+            project_rows_exact(px, gate, up, dst);
+            Ok(())
+        }
+        Prepared::Int8(xs, tier) => project_rows_int8(xs, *tier, gate, up, dst),
+    }
+}
+
+/// [`project_rows`] with int8 activations: per tile of output rows, the
+/// gate and up dot products into f32 scratch, then SwiGLU.
+fn project_rows_int8<T: Element, P: Element>(
+    xs: &Q8Activations,
+    tier: Int8Tier,
+    gate: &QView<P>,
+    up: &QView<P>,
+    dst: &mut [T],
+) -> Result<(), KernelError> {
+    let m = xs.rows();
+    let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
+        let (g, u) = (&mut bufs.0[..chunk.len()], &mut bufs.1[..chunk.len()]);
+        if m == 1 {
+            int8_dot_rows(xs.row(0), gate, first, g, tier)?;
+            int8_dot_rows(xs.row(0), up, first, u, tier)?;
+        } else {
+            int8_dot_tile(xs, gate, first, g, tier)?;
+            int8_dot_tile(xs, up, first, u, tier)?;
+        }
+        for ((o, g), u) in chunk.iter_mut().zip(g.iter()).zip(u.iter()) {
+            *o = swiglu(*g, *u);
+        }
+        Ok::<(), KernelError>(())
+    };
+    let new_bufs = || (vec![0.0f32; TILE_N * m], vec![0.0f32; TILE_N * m]);
+    if m.saturating_mul(gate.lay.n).saturating_mul(gate.lay.k) > PAR_MIN_MACS {
+        dst.par_chunks_mut(TILE_N * m)
+            .enumerate()
+            .try_for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs))
+    } else {
+        let mut bufs = new_bufs();
+        for (c, chunk) in dst.chunks_mut(TILE_N * m).enumerate() {
+            tile(c * TILE_N, chunk, &mut bufs)?;
+        }
+        Ok(())
+    }
+}
+
+/// [`project_rows`] with exact activations.
+fn project_rows_exact<T: Element, P: Element>(
     px: &PreparedX,
     gate: &QView<P>,
     up: &QView<P>,
@@ -247,8 +355,10 @@ pub(crate) fn gate_qmv_silu_mul_cpu(
     m: usize,
     n: usize,
     k: usize,
+    activations: i32,
 ) -> bool {
     run_entry(Kernel::GateQmvSiluMul, || {
+        let int8 = tier_for_code(activations)?;
         let (xk, pk) = kinds(dtype, params_dtype)?;
         with_float!(xk, T => with_float!(pk, P => {
             let gate = QuantMatrix::<P> {
@@ -265,7 +375,7 @@ pub(crate) fn gate_qmv_silu_mul_cpu(
                 bits,
                 group_size,
             };
-            gate_qmv_silu_mul::<T, P>(typed(x)?, gate, up, typed_mut(out)?, m, n, k)
+            gate_qmv_silu_mul_with::<T, P>(typed(x)?, gate, up, typed_mut(out)?, m, n, k, int8)
         }))
     })
 }
@@ -290,8 +400,10 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
     out: &mut [u8],
     n: usize,
     k: usize,
+    activations: i32,
 ) -> bool {
     run_entry(Kernel::GateQmvSiluMul, || {
+        let int8 = tier_for_code(activations)?;
         let (xk, pk) = kinds(dtype, params_dtype)?;
         with_float!(xk, T => with_float!(pk, P => {
             let gate = QuantExperts::<P> {
@@ -310,7 +422,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
                 group_size,
                 num_experts,
             };
-            gather_gate_qmv_silu_mul::<T, P>(
+            gather_gate_qmv_silu_mul_with::<T, P>(
                 typed(x)?,
                 x_row_for,
                 experts,
@@ -319,6 +431,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
                 typed_mut(out)?,
                 n,
                 k,
+                int8,
             )
         }))
     })

@@ -15,11 +15,15 @@
 //! result is then f32, as MLX promotes); 4 or 8 bits. Other valid quantizations (e.g.
 //! 3-bit) build the fallback: `quantized_matmul` (dense) or `gather_qmm`
 //! with `rhs_indices` (expert-indexed), then `silu(g) * u`.
+//!
+//! The `_with` forms also pick the kernel's [`ActivationPrecision`] (exact
+//! f32, or int8 activations with integer dot products); the fallback graph
+//! ignores it.
 
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, QuantSpec, WarmupSpec};
+use super::{build, on_cpu, ActivationPrecision, QuantSpec, WarmupSpec};
 use crate::array::{list, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -66,8 +70,18 @@ fn parts(q: &Quantized) -> cxx::UniquePtr<ffi::ArrayList> {
     list(&[&q.weight, &q.scales, &q.biases])
 }
 
-/// Dense form: `silu(x·gateᵀ) ⊙ (x·upᵀ)`, `[..., K] → [..., N]`.
+/// Dense form: `silu(x·gateᵀ) ⊙ (x·upᵀ)`, `[..., K] → [..., N]` (exact activations).
 pub fn gate_qmv_silu_mul(x: &Array, gate: &Quantized, up: &Quantized) -> Result<Array, OpError> {
+    gate_qmv_silu_mul_with(x, gate, up, ActivationPrecision::Exact)
+}
+
+/// [`gate_qmv_silu_mul`] with the CPU kernel's activation precision chosen.
+pub fn gate_qmv_silu_mul_with(
+    x: &Array,
+    gate: &Quantized,
+    up: &Quantized,
+    activations: ActivationPrecision,
+) -> Result<Array, OpError> {
     check_shared_params(gate, up)?;
     build(Kernel::GateQmvSiluMul, eligibility(x, gate, up), |fused| {
         ffi::kernel_gate_qmv_silu_mul(
@@ -76,6 +90,7 @@ pub fn gate_qmv_silu_mul(x: &Array, gate: &Quantized, up: &Quantized) -> Result<
             &parts(up),
             gate.group_size,
             gate.bits,
+            activations.code(),
             fused,
             stream(),
         )
@@ -85,12 +100,24 @@ pub fn gate_qmv_silu_mul(x: &Array, gate: &Quantized, up: &Quantized) -> Result<
 }
 
 /// Expert-indexed form: row `[..., j]` of the output uses expert
-/// `indices[..., j]`; `x [..., K]`, `indices [..., top_k]` → `[..., top_k, N]`.
+/// `indices[..., j]`; `x [..., K]`, `indices [..., top_k]` → `[..., top_k, N]`
+/// (exact activations).
 pub fn gather_gate_qmv_silu_mul(
     x: &Array,
     indices: &Array,
     gate: &Quantized,
     up: &Quantized,
+) -> Result<Array, OpError> {
+    gather_gate_qmv_silu_mul_with(x, indices, gate, up, ActivationPrecision::Exact)
+}
+
+/// [`gather_gate_qmv_silu_mul`] with the CPU kernel's activation precision chosen.
+pub fn gather_gate_qmv_silu_mul_with(
+    x: &Array,
+    indices: &Array,
+    gate: &Quantized,
+    up: &Quantized,
+    activations: ActivationPrecision,
 ) -> Result<Array, OpError> {
     check_shared_params(gate, up)?;
     build(Kernel::GateQmvSiluMul, eligibility(x, gate, up), |fused| {
@@ -101,6 +128,7 @@ pub fn gather_gate_qmv_silu_mul(
             &parts(up),
             gate.group_size,
             gate.bits,
+            activations.code(),
             fused,
             stream(),
         )

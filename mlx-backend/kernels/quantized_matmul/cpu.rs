@@ -7,12 +7,19 @@
 //! `TILE_N` weight rows is dequantized to f32 once and reused for every x
 //! row, four weight rows per pass over x (`simd::dot4`). Both paths split
 //! the output rows into tiles over rayon when the work is large enough.
+//!
+//! With int8 activations (`ActivationPrecision::Int8`) x is quantized once
+//! per call and both paths use `quant::int8_dot_rows` / `int8_dot_tile`
+//! (integer dot products; the prefill tile reuses each unpacked weight
+//! chunk across x rows).
 
 use rayon::prelude::*;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
+use crate::kernels::cpu::int8::tier_for_code;
 use crate::kernels::cpu::quant::{
-    bias_term, dequant, qdot2_scaled, scatter_rows, Layout, PreparedX, QView,
+    bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
+    PreparedX, Q8Activations, QView,
 };
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
@@ -27,6 +34,8 @@ const TILE_N: usize = 16;
 
 /// `x` is `[m, k]`, `out` is `[m, n]`, both row-major, of element type
 /// `T`; the scales and biases are `P` (T itself, or f16/bf16 with f32 x).
+/// Exact (f32) activations.
+#[cfg(test)] // the exact form, as the tests call it
 pub fn quantized_matmul<T: Element, P: Element>(
     x: &[T],
     w: QuantMatrix<P>,
@@ -35,6 +44,19 @@ pub fn quantized_matmul<T: Element, P: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
+    quantized_matmul_with(x, w, out, m, n, k, None)
+}
+
+/// [`quantized_matmul`] with int8 activations on `int8` (`None`: exact).
+pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
+    x: &[T],
+    w: QuantMatrix<P>,
+    out: &mut [T],
+    m: usize,
+    n: usize,
+    k: usize,
+    int8: Option<Int8Tier>,
+) -> Result<(), KernelError> {
     let lay = Layout::new(w.bits, w.group_size, n, k)?;
     let wv = QView::new("w", w.w, w.scales, w.biases, lay, 1)?;
     check_len("x", x.len(), m.checked_mul(k))?;
@@ -42,8 +64,11 @@ pub fn quantized_matmul<T: Element, P: Element>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let px = PreparedX::new(x.chunks_exact(k), &lay);
     let parallel = m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS;
+    if let Some(tier) = int8 {
+        return int8_matmul(x, &wv, out, m, parallel, tier);
+    }
+    let px = PreparedX::new(x.chunks_exact(k), &lay);
     if m == 1 {
         for_tiles(
             out,
@@ -65,6 +90,69 @@ pub fn quantized_matmul<T: Element, P: Element>(
         scatter_rows(&tmp, out, m, n, |r| r);
     }
     Ok(())
+}
+
+/// The int8-activation form of [`quantized_matmul_with`] (arguments checked).
+fn int8_matmul<T: Element, P: Element>(
+    x: &[T],
+    w: &QView<P>,
+    out: &mut [T],
+    m: usize,
+    parallel: bool,
+    tier: Int8Tier,
+) -> Result<(), KernelError> {
+    let (n, k) = (w.lay.n, w.lay.k);
+    let xs = Q8Activations::prepare(x.chunks_exact(k), &w.lay);
+    let new_buf = || vec![0.0f32; TILE_N * m];
+    let to_t = |src: &[f32], dst: &mut [T]| {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = T::from_f32(*s);
+        }
+    };
+    if m == 1 {
+        return try_for_tiles(out, TILE_N, parallel, new_buf, |first, chunk, buf| {
+            let buf = &mut buf[..chunk.len()];
+            int8_dot_rows(xs.row(0), w, first, buf, tier)?;
+            to_t(buf, chunk);
+            Ok(())
+        });
+    }
+    let mut tmp = vec![T::from_f32(0.0); n * m];
+    try_for_tiles(
+        &mut tmp,
+        TILE_N * m,
+        parallel,
+        new_buf,
+        |first, chunk, buf| {
+            let buf = &mut buf[..chunk.len()];
+            int8_dot_tile(&xs, w, first, buf, tier)?;
+            to_t(buf, chunk);
+            Ok(())
+        },
+    )?;
+    scatter_rows(&tmp, out, m, n, |r| r);
+    Ok(())
+}
+
+/// [`for_tiles`] for bodies that can fail; the first error is returned.
+fn try_for_tiles<T: Send, B>(
+    dst: &mut [T],
+    chunk_len: usize,
+    parallel: bool,
+    init: impl Fn() -> B + Sync + Send,
+    body: impl Fn(usize, &mut [T], &mut B) -> Result<(), KernelError> + Sync + Send,
+) -> Result<(), KernelError> {
+    if parallel {
+        dst.par_chunks_mut(chunk_len)
+            .enumerate()
+            .try_for_each_init(&init, |buf, (c, chunk)| body(c * TILE_N, chunk, buf))
+    } else {
+        let mut buf = init();
+        for (c, chunk) in dst.chunks_mut(chunk_len).enumerate() {
+            body(c * TILE_N, chunk, &mut buf)?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs `body(first_row, chunk, scratch)` over `dst` in chunks of
@@ -153,8 +241,10 @@ pub(crate) fn quantized_matmul_cpu(
     m: usize,
     n: usize,
     k: usize,
+    activations: i32,
 ) -> bool {
     run_entry(Kernel::QuantizedMatmul, || {
+        let int8 = tier_for_code(activations)?;
         let (xk, pk) = (
             FloatKind::from_code(dtype)?,
             FloatKind::from_code(params_dtype)?,
@@ -172,7 +262,7 @@ pub(crate) fn quantized_matmul_cpu(
                 bits,
                 group_size,
             };
-            quantized_matmul::<T, P>(typed(x)?, q, typed_mut(out)?, m, n, k)
+            quantized_matmul_with::<T, P>(typed(x)?, q, typed_mut(out)?, m, n, k, int8)
         }))
     })
 }

@@ -11,11 +11,15 @@
 //! dtype (f16/bf16/f32), or f32 x with f16/bf16 scales and biases (the
 //! result is then f32, as MLX promotes); 4 or 8 bits. Otherwise the op
 //! builds MLX's `quantized_matmul`.
+//!
+//! [`quantized_matmul_with`] also picks the kernel's [`ActivationPrecision`]
+//! (exact f32, or int8 activations with integer dot products); the fallback
+//! graph ignores it.
 
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, QuantSpec, WarmupSpec};
+use super::{build, on_cpu, ActivationPrecision, QuantSpec, WarmupSpec};
 use crate::array::{list, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -40,14 +44,25 @@ fn eligibility(x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
     Ok(())
 }
 
-/// `x·wᵀ`, `[..., K] → [..., N]`, in x's dtype promoted with the scales'.
+/// `x·wᵀ`, `[..., K] → [..., N]`, in x's dtype promoted with the scales'
+/// (exact activations).
 pub fn quantized_matmul(x: &Array, w: &Quantized) -> Result<Array, OpError> {
+    quantized_matmul_with(x, w, ActivationPrecision::Exact)
+}
+
+/// [`quantized_matmul`] with the CPU kernel's activation precision chosen.
+pub fn quantized_matmul_with(
+    x: &Array,
+    w: &Quantized,
+    activations: ActivationPrecision,
+) -> Result<Array, OpError> {
     build(Kernel::QuantizedMatmul, eligibility(x, w), |fused| {
         ffi::kernel_quantized_matmul(
             x.inner(),
             &list(&[&w.weight, &w.scales, &w.biases]),
             w.group_size,
             w.bits,
+            activations.code(),
             fused,
             stream(),
         )

@@ -1,0 +1,345 @@
+//! Int8-activation dot products against MLX affine-quantized weights: the
+//! `ActivationPrecision::Int8` mode of the quantized kernels.
+//!
+//! x is quantized per block of 32 values as llama.cpp's Q8 does:
+//! `d = max|x| / 127`, `q = round(x · (1/d))` (ties to even). A row's dot
+//! product is then
+//! `Σ_blocks scale_g · d_b · Σ q_w·q_x  +  Σ_groups bias_g · Σ_{b in g} d_b · Σ q_x`,
+//! the dot product of the dequantized weights with the dequantized x
+//! (integer sums exact). The bias term deliberately uses the quantized x
+//! too (as llama.cpp's Q8_1 sums do): with exact sums the error would be
+//! `Σ (w - bias)·(x - x̂)`, whose weights `scale·q ≥ 0` all share one sign, so
+//! the rounding errors add up instead of cancelling; on the default model
+//! that doubled the logit error (1.4 against 0.6).
+//!
+//! Use: [`Q8Activations::prepare`] once per call (or `prepare_into` to reuse
+//! buffers), then [`dot_rows`] (one x row against weight rows `first..`)
+//! or [`dot_tile`] (every x row against a few weight rows, the prefill
+//! GEMM tile). Both return complete dot products, biases included.
+//!
+//! Prepared layout, per *chunk* (what one 256-bit load of packed weights
+//! covers): 4-bit, 64 values (two blocks) stored as `[even values of block
+//! 0, of block 1, odd values of block 0, of block 1]`, 16 each, because a
+//! weight byte holds an even value in its low nibble and the next odd value
+//! in its high nibble; 8-bit, one block in natural order. Each chunk carries
+//! 8 per-lane block scales (`lane_d`) that line up with the i32 lanes of the
+//! integer dot. A trailing single block (4-bit, odd block count) is padded
+//! with zeros to a whole chunk.
+
+mod tier;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;
+
+pub(crate) use tier::Int8Tier;
+
+use super::error::KernelError;
+use super::quant::{bias_term, Layout, QRow, QView};
+use super::simd::Element;
+
+/// Values per quantization block of x.
+pub(crate) const BLOCK: usize = 32;
+/// Weight rows per pass over the x rows in [`dot_tile`] and [`dot_rows`].
+const RW: usize = 4;
+/// x rows per pass in [`dot_tile`].
+const RX: usize = 2;
+
+/// The tier to run for the activation-precision code the C++ Primitive
+/// passes: `None` for exact (f32) activations.
+pub(crate) fn tier_for_code(code: i32) -> Result<Option<Int8Tier>, KernelError> {
+    use crate::kernels::ActivationPrecision;
+    match ActivationPrecision::from_code(code) {
+        Some(ActivationPrecision::Exact) => Ok(None),
+        Some(ActivationPrecision::Int8) => Ok(Some(Int8Tier::best())),
+        None => Err(KernelError::Unsupported(format!(
+            "activation precision code {code}"
+        ))),
+    }
+}
+
+/// Values per chunk (one 256-bit load of packed weights).
+fn chunk_values(bits: u32) -> usize {
+    if bits == 4 {
+        2 * BLOCK
+    } else {
+        BLOCK
+    }
+}
+
+/// x rows quantized to int8 in chunk order, for one weight layout.
+#[derive(Default)]
+pub(crate) struct Q8Activations {
+    q: Vec<i8>,
+    lane_d: Vec<f32>,
+    group_sums: Vec<f32>,
+    rows: usize,
+    bits: u32,
+    k: usize,
+    group_size: usize,
+    scratch: Vec<f32>,
+}
+
+/// One prepared x row.
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Row<'a> {
+    pub(crate) q: &'a [i8],
+    pub(crate) lane_d: &'a [f32],
+    pub(crate) group_sums: &'a [f32],
+    /// `(bits, k, group_size)` of the layout it was prepared for.
+    prepared_for: (u32, usize, usize),
+}
+
+impl Q8Row<'_> {
+    /// Refuses weights whose layout differs from the one x was prepared for.
+    fn check(&self, lay: &Layout) -> Result<(), KernelError> {
+        let (bits, k, group) = self.prepared_for;
+        if (bits, k, group) != (lay.bits, lay.k, lay.group_size) {
+            return Err(KernelError::Shape(format!(
+                "x was prepared for {bits} bits, k = {k}, group {group}; \
+                 weights have {} bits, k = {}, group {}",
+                lay.bits, lay.k, lay.group_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Q8Activations {
+    /// Quantizes `rows` (each `lay.k` long) for weights of layout `lay`.
+    pub(crate) fn prepare<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+    ) -> Self {
+        let mut a = Q8Activations::default();
+        a.prepare_into(rows, lay);
+        a
+    }
+
+    /// As [`Self::prepare`], reusing this value's buffers.
+    pub(crate) fn prepare_into<'x, T: Element>(
+        &mut self,
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+    ) {
+        let (k, cv) = (lay.k, chunk_values(lay.bits));
+        let chunks = k.div_ceil(cv);
+        self.q.clear();
+        self.lane_d.clear();
+        self.group_sums.clear();
+        self.scratch.resize(k, 0.0);
+        (self.bits, self.k, self.group_size, self.rows) = (lay.bits, k, lay.group_size, 0);
+        for row in rows {
+            T::load_f32(row, &mut self.scratch);
+            let x = &self.scratch[..k];
+            let (q0, d0) = (self.q.len(), self.lane_d.len());
+            self.q.resize(q0 + chunks * cv, 0);
+            self.lane_d.resize(d0 + chunks * 8, 0.0);
+            let mut group_sum = 0.0f32;
+            let blocks_per_group = lay.group_size / BLOCK;
+            let q = &mut self.q[q0..];
+            for (b, sum) in quantize_row(x, lay.bits, q, &mut self.lane_d[d0..]).enumerate() {
+                group_sum += sum;
+                if (b + 1) % blocks_per_group == 0 {
+                    self.group_sums.push(group_sum);
+                    group_sum = 0.0;
+                }
+            }
+            self.rows += 1;
+        }
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub(crate) fn row(&self, i: usize) -> Q8Row<'_> {
+        let cv = chunk_values(self.bits);
+        let chunks = self.k.div_ceil(cv);
+        let groups = self.k / self.group_size;
+        Q8Row {
+            q: &self.q[i * chunks * cv..][..chunks * cv],
+            lane_d: &self.lane_d[i * chunks * 8..][..chunks * 8],
+            group_sums: &self.group_sums[i * groups..][..groups],
+            prepared_for: (self.bits, self.k, self.group_size),
+        }
+    }
+}
+
+/// Quantizes one row `x` into chunk order (`q`, `lane_d` zeroed by the
+/// caller); yields each block's sum of dequantized values, `d · Σ q`.
+fn quantize_row<'a>(
+    x: &'a [f32],
+    bits: u32,
+    q: &'a mut [i8],
+    lane_d: &'a mut [f32],
+) -> impl Iterator<Item = f32> + 'a {
+    x.chunks_exact(BLOCK).enumerate().map(move |(b, xb)| {
+        let mut qb = [0i8; BLOCK];
+        let d = quantize_block(xb, &mut qb);
+        if bits == 4 {
+            let (c, half) = (b / 2, b % 2);
+            let base = c * 2 * BLOCK + half * 16;
+            for p in 0..16 {
+                q[base + p] = qb[2 * p];
+                q[base + BLOCK + p] = qb[2 * p + 1];
+            }
+            lane_d[c * 8 + half * 4..][..4].fill(d);
+        } else {
+            q[b * BLOCK..][..BLOCK].copy_from_slice(&qb);
+            lane_d[b * 8..][..8].fill(d);
+        }
+        d * qb.iter().map(|&v| v as i32).sum::<i32>() as f32
+    })
+}
+
+/// llama.cpp's Q8 block: returns `d`, writes `round(x / d)`.
+fn quantize_block(x: &[f32], q: &mut [i8; BLOCK]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (o, v) in q.iter_mut().zip(x) {
+        *o = (v * id).round_ties_even() as i8;
+    }
+    d
+}
+
+/// Complete dot products (biases included) of prepared x row `x` with weight
+/// rows `first..first + out.len()` of `w`: `out[i] = x · w.row(first + i)`.
+pub(crate) fn dot_rows<P: Element>(
+    x: Q8Row,
+    w: &QView<P>,
+    first: usize,
+    out: &mut [f32],
+    tier: Int8Tier,
+) -> Result<(), KernelError> {
+    x.check(&w.lay)?;
+    check_rows(w, first, out.len())?;
+    let lay = &w.lay;
+    let avx = tier.has_avx2();
+    let mut r = first;
+    let mut quads = out.chunks_exact_mut(RW);
+    for quad in &mut quads {
+        let rows = [0, 1, 2, 3].map(|j| w.row(r + j));
+        let d = scaled_tile::<P, RW, 1>(rows.each_ref(), [&x], lay, tier);
+        for (j, o) in quad.iter_mut().enumerate() {
+            *o = d[j][0] + bias_term(rows[j].biases, x.group_sums, avx);
+        }
+        r += RW;
+    }
+    for o in quads.into_remainder() {
+        let row = w.row(r);
+        *o = scaled_tile::<P, 1, 1>([&row], [&x], lay, tier)[0][0]
+            + bias_term(row.biases, x.group_sums, avx);
+        r += 1;
+    }
+    Ok(())
+}
+
+/// Complete dot products of every prepared x row with weight rows
+/// `first..first + rows` of `w`, into `out` as `[rows][xs.rows()]`.
+pub(crate) fn dot_tile<P: Element>(
+    xs: &Q8Activations,
+    w: &QView<P>,
+    first: usize,
+    out: &mut [f32],
+    tier: Int8Tier,
+) -> Result<(), KernelError> {
+    let m = xs.rows();
+    if m == 0 {
+        return Ok(());
+    }
+    xs.row(0).check(&w.lay)?;
+    if !out.len().is_multiple_of(m) {
+        return Err(KernelError::Shape(format!(
+            "tile output of {} values is not [rows][{m}]",
+            out.len()
+        )));
+    }
+    let rows = out.len() / m;
+    check_rows(w, first, rows)?;
+    let (lay, avx) = (&w.lay, tier.has_avx2());
+    // x rows outside: a pair of them stays in L1 while the tile's weight
+    // rows (a few KB) pass. Short groups repeat their last row; the extra
+    // sums are dropped.
+    for i0 in (0..m).step_by(RX) {
+        let xr = [0, 1].map(|j| xs.row((i0 + j).min(m - 1)));
+        for r0 in (0..rows).step_by(RW) {
+            let wr = [0, 1, 2, 3].map(|j| w.row(first + (r0 + j).min(rows - 1)));
+            let d = scaled_tile::<P, RW, RX>(wr.each_ref(), xr.each_ref(), lay, tier);
+            for (j, dr) in d.iter().enumerate().take(rows - r0) {
+                for (i, v) in dr.iter().enumerate().take(m - i0) {
+                    let bias = bias_term(wr[j].biases, xr[i].group_sums, avx);
+                    out[(r0 + j) * m + i0 + i] = v + bias;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_rows<P>(w: &QView<P>, first: usize, count: usize) -> Result<(), KernelError> {
+    let rows = w.w.len() / w.lay.words_per_row.max(1);
+    if first.checked_add(count).is_none_or(|end| end > rows) {
+        return Err(KernelError::IndexOutOfRange(format!(
+            "weight rows {first}..{first}+{count} of {rows}"
+        )));
+    }
+    Ok(())
+}
+
+/// `Σ scale · d · Σ q_w·q_x` (no biases) for each (weight row, x row) pair.
+fn scaled_tile<P: Element, const NW: usize, const NX: usize>(
+    w: [&QRow<P>; NW],
+    x: [&Q8Row; NX],
+    lay: &Layout,
+    tier: Int8Tier,
+) -> [[f32; NX]; NW] {
+    let blocks = lay.k / BLOCK;
+    let mut out = [[0.0f32; NX]; NW];
+    #[allow(unused_mut)] // only x86-64 has SIMD bodies
+    let mut first_scalar = 0;
+    #[cfg(target_arch = "x86_64")]
+    if tier.has_avx2() {
+        out = x86::scaled_tile(w, x, lay, tier);
+        // 4-bit: whole chunks in SIMD, a trailing single block in scalar code.
+        first_scalar = if lay.bits == 4 { blocks & !1 } else { blocks };
+    }
+    if first_scalar < blocks {
+        for (o, wr) in out.iter_mut().zip(w) {
+            for (v, xr) in o.iter_mut().zip(x) {
+                *v += scalar_scaled(wr, xr, lay, first_scalar);
+            }
+        }
+    }
+    out
+}
+
+/// Scalar body of [`scaled_tile`] over blocks `first_block..`, reading the
+/// chunk order as the SIMD bodies do.
+fn scalar_scaled<P: Element>(w: &QRow<P>, x: &Q8Row, lay: &Layout, first_block: usize) -> f32 {
+    let byte = |i: usize| (w.w[i / 4] >> (8 * (i % 4))) as u8;
+    let mut acc = 0.0f32;
+    for b in first_block..lay.k / BLOCK {
+        let mut isum = 0i32;
+        let d = if lay.bits == 4 {
+            let (c, half) = (b / 2, b % 2);
+            let (wb, xb) = (c * BLOCK + half * 16, c * 2 * BLOCK + half * 16);
+            for p in 0..16 {
+                let v = byte(wb + p);
+                isum += (v & 15) as i32 * x.q[xb + p] as i32;
+                isum += (v >> 4) as i32 * x.q[xb + BLOCK + p] as i32;
+            }
+            x.lane_d[c * 8 + half * 4]
+        } else {
+            for p in 0..BLOCK {
+                isum += byte(b * BLOCK + p) as i32 * x.q[b * BLOCK + p] as i32;
+            }
+            x.lane_d[b * 8]
+        };
+        let scale = w.scales[b * BLOCK / lay.group_size].to_f32();
+        acc += isum as f32 * (d * scale);
+    }
+    acc
+}
