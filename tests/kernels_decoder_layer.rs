@@ -211,6 +211,12 @@ fn ragged_rows_match_mlx_ops() {
 }
 
 #[test]
+fn long_rows_match_mlx_ops() {
+    // Enough keys that the attention is split over the pool.
+    check(Variant::default(), &[600, 300], &[590, 250], 18);
+}
+
+#[test]
 fn non_traditional_rope_with_bias_and_qk_norm() {
     let v = Variant {
         bias: true,
@@ -253,7 +259,15 @@ fn mixed_bits_and_group_sizes() {
 fn int8_activations_stay_close_to_mlx_ops() {
     let v = Variant {
         activations: ActivationPrecision::Int8,
-        quant: [(4, 32), (4, 32), (8, 64), (4, 32), (4, 32), (4, 32), (8, 32)],
+        quant: [
+            (4, 32),
+            (4, 32),
+            (8, 64),
+            (4, 32),
+            (4, 32),
+            (4, 32),
+            (8, 32),
+        ],
         ..Variant::default()
     };
     check(v, &[16, 30], &[15, 6], 17);

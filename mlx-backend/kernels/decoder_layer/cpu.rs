@@ -15,6 +15,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rayon::prelude::*;
+
 use crate::ffi::DecoderLayerSpec;
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::int8::{dot_rows, Int8Tier, Q8Activations};
@@ -246,8 +248,6 @@ fn decoder_layer_body<P: Element>(
         let ks = k.clone();
         norm(&ks, kn, &mut k, rows * nkv, d)?;
     }
-    let mut attn = vec![0.0f32; rows * nq * d];
-    let mut scores = Vec::new();
     for (r, cache) in caches.iter_mut().enumerate() {
         let pos = cache.offset;
         for head in q[r * nq * d..][..nq * d].chunks_exact_mut(d) {
@@ -260,18 +260,33 @@ fn decoder_layer_body<P: Element>(
             cache.keys[at..at + d].copy_from_slice(key);
             cache.values[at..at + d].copy_from_slice(&v[(r * nkv + kh) * d..][..d]);
         }
-        let group = nq / nkv;
-        for qh in 0..nq {
-            let kh = qh / group;
-            let base = kh * cache.capacity * d;
-            attend(
-                &q[(r * nq + qh) * d..][..d],
-                &cache.keys[base..][..(pos + 1) * d],
-                &cache.values[base..][..(pos + 1) * d],
-                g.attn_scale,
-                &mut scores,
-                &mut attn[(r * nq + qh) * d..][..d],
-            );
+    }
+    // One task per (row, query head) once the scores are worth a split.
+    let mut attn = vec![0.0f32; rows * nq * d];
+    let caches: &[RowCache] = caches;
+    let head = |i: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+        let (r, qh) = (i / nq, i % nq);
+        let cache = &caches[r];
+        let base = qh / (nq / nkv) * cache.capacity * d;
+        let len = (cache.offset + 1) * d;
+        attend(
+            &q[i * d..][..d],
+            &cache.keys[base..][..len],
+            &cache.values[base..][..len],
+            g.attn_scale,
+            scores,
+            out,
+        );
+    };
+    let work: usize = caches.iter().map(|c| (c.offset + 1) * nq * d).sum();
+    if work >= SPLIT_MIN_MACS {
+        attn.par_chunks_mut(d)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (i, out)| head(i, out, scores));
+    } else {
+        let mut scores = Vec::new();
+        for (i, out) in attn.chunks_mut(d).enumerate() {
+            head(i, out, &mut scores);
         }
     }
     let o = project(&attn, wo, h, nq * d)?;
