@@ -4,7 +4,8 @@
 //! `cargo bench --bench kernels` prints criterion's timings and a summary
 //! table (median µs per call, achieved GB/s vs. read bandwidth, speedup).
 //! `KERNELS_BENCH_FILTER=quantized_matmul` keeps the cases whose name
-//! contains the string.
+//! contains the string. A second table times the quantized kernels with
+//! int8 against exact activations (`int8_activations`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use mlx_backend::kernels::{
@@ -14,6 +15,8 @@ use mlx_backend::kernels::{
 use mlx_backend::ops::{quantize, random, Quantized};
 use mlx_backend::{Array, Dtype};
 use std::time::{Duration, Instant};
+
+mod int8_activations;
 
 const DTYPE: Dtype = Dtype::BF16;
 
@@ -239,6 +242,10 @@ fn bench(c: &mut Criterion) {
     for k in Kernel::ALL {
         registry::set_enabled(k, true);
     }
+    int8_activations::table(
+        &std::env::var("KERNELS_BENCH_FILTER").unwrap_or_default(),
+        median_secs,
+    );
     decode_overhead();
 }
 
