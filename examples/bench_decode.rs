@@ -1,11 +1,13 @@
 //! Decode speed of the default model (SmolLM2-135M-Instruct Q4_1 GGUF):
 //! prefill 32 tokens, then 32 greedy decode steps, with the custom
-//! `quantized_matmul` kernel on and off, in the file's dtype and in f32.
+//! `quantized_matmul` kernel on and off, in the file's dtype, in f32, and in
+//! f32 with int8 activations in the quantized kernels (`int8`, as
+//! `LoadOptions::for_device(Cpu)` loads it).
 //!
-//! `cargo run --release --example bench_decode [path.gguf] [file|f32] [on|off]`
-//! (the optional arguments run one dtype / one kernel setting only).
+//! `cargo run --release --example bench_decode [path.gguf] [file|f32|int8] [on|off]`
+//! (the optional arguments run one mode / one kernel setting only).
 
-use mlx_backend::kernels::{registry, Kernel};
+use mlx_backend::kernels::{registry, ActivationPrecision, Kernel};
 use mlx_backend::model::{self, LoadOptions, Logits, Transformer};
 use mlx_backend::{Array, Dtype};
 use std::path::PathBuf;
@@ -48,13 +50,17 @@ fn main() -> anyhow::Result<()> {
     // A fixed, deterministic prompt of PREFILL token ids.
     let prompt: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + 37 * i).collect();
     let only = std::env::args().nth(2);
-    for dtype in [None, Some(Dtype::F32)] {
-        let name = if dtype.is_some() { "f32" } else { "file" };
+    for (name, dtype, activations) in [
+        ("file", None, ActivationPrecision::Exact),
+        ("f32", Some(Dtype::F32), ActivationPrecision::Exact),
+        ("int8", Some(Dtype::F32), ActivationPrecision::Int8),
+    ] {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
         let opts = LoadOptions {
             dtype,
+            activations,
             ..LoadOptions::default()
         };
         let loaded = model::load(&path, &opts)?;
@@ -70,9 +76,9 @@ fn main() -> anyhow::Result<()> {
             let (prefill, decode, tokens) = run(m, &prompt)?;
             let same = reference.get_or_insert_with(|| tokens.clone()) == &tokens;
             println!(
-                "dtype {:>4} quantized_matmul {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
+                "{name:>4} ({}) quantized_matmul {:>3}: prefill {PREFILL} {prefill:8.1} ms, \
                  decode {decode:7.1} ms/token ({:5.1} tok/s), tokens same as kernel-on: {same}",
-                format!("{}", m.dtype()),
+                m.dtype(),
                 if on { "on" } else { "off" },
                 1e3 / decode,
             );
