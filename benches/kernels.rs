@@ -4,7 +4,8 @@
 //! `cargo bench --bench kernels` prints criterion's timings and a summary
 //! table (median µs per call, achieved GB/s vs. read bandwidth, speedup).
 //! `KERNELS_BENCH_FILTER=quantized_matmul` keeps the cases whose name
-//! contains the string.
+//! contains the string. A second table times the quantized kernels with
+//! int8 against exact activations (`int8_activations`).
 //!
 //! Two ratios for the decode shapes: an *isolated* call builds one op and
 //! evaluates it alone, paying MLX's fixed cost per `eval` (handing the
@@ -21,6 +22,8 @@ use mlx_backend::memory;
 use mlx_backend::ops::{quantize, random, Quantized};
 use mlx_backend::{Array, Dtype};
 use std::time::{Duration, Instant};
+
+mod int8_activations;
 
 const DTYPE: Dtype = Dtype::BF16;
 
@@ -329,7 +332,25 @@ fn bench(c: &mut Criterion) {
     for k in Kernel::ALL {
         registry::set_enabled(k, true);
     }
+    int8_activations::table(
+        &std::env::var("KERNELS_BENCH_FILTER").unwrap_or_default(),
+        median_secs,
+    );
     decode_overhead();
+}
+
+/// Median seconds per call of `f`, timed alone, repeated for about `budget`.
+fn median_secs(f: &dyn Fn(), budget: Duration) -> f64 {
+    f();
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 5 || (start.elapsed() < budget && times.len() < 2000) {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    times[times.len() / 2]
 }
 
 /// Median µs of `n` timed calls of `f`, each timed alone.

@@ -45,12 +45,19 @@ pub struct LoadOptions {
 impl LoadOptions {
     /// What runs fastest on `device`: on the CPU, floating tensors in f32
     /// (MLX's CPU half-precision ops convert element by element, and f32 is
-    /// at least as accurate); on a GPU, the checkpoint's own dtypes.
+    /// at least as accurate) and int8 activations in the quantized kernels
+    /// (the default model's greedy tokens still equal both oracles', see
+    /// tests/default_model.rs); on a GPU, the checkpoint's own dtypes.
     pub fn for_device(device: crate::Device) -> LoadOptions {
+        let cpu = device == crate::Device::Cpu;
         LoadOptions {
-            dtype: (device == crate::Device::Cpu).then_some(Dtype::F32),
+            dtype: cpu.then_some(Dtype::F32),
             quantize: None,
-            activations: ActivationPrecision::Exact,
+            activations: if cpu {
+                ActivationPrecision::Int8
+            } else {
+                ActivationPrecision::Exact
+            },
         }
     }
 }

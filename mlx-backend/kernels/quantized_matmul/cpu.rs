@@ -416,11 +416,20 @@ mod tests {
         assert!(quantized_matmul(&x[..96], q.matrix(), &mut out[..n], 1, n, 96).is_err());
     }
 
-    /// Raw kernel speed without MLX:
+    /// Raw kernel speed without MLX, exact and int8 activations
+    /// (`BENCH_THREADS`, default 1):
     /// `cargo test --release --lib -- --ignored --nocapture bench_quantized_matmul`
     #[test]
     #[ignore]
     fn bench_quantized_matmul() {
+        let threads: usize = std::env::var("BENCH_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
         let mut rng = Rng::new(1);
         for (m, k, n, bits) in [
             (1, 576, 576, 4),
@@ -432,20 +441,26 @@ mod tests {
             let w = Owned::<f32>::random(&mut rng, n, k, bits, 32);
             let x: Vec<f32> = rng.elems(m * k, 1.0);
             let mut out = vec![0.0f32; m * n];
-            let mut run = || quantized_matmul(&x, w.matrix(), &mut out, m, n, k).unwrap();
-            run();
-            let iters = (1_000_000_000 / (m * n * k)).clamp(3, 3000);
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
+            for (name, int8) in [("exact", None), ("int8", Some(Int8Tier::best()))] {
+                let mut run = || {
+                    pool.install(|| {
+                        quantized_matmul_with(&x, w.matrix(), &mut out, m, n, k, int8).unwrap()
+                    })
+                };
                 run();
+                let iters = (1_000_000_000 / (m * n * k)).clamp(3, 3000);
+                let t = std::time::Instant::now();
+                for _ in 0..iters {
+                    run();
+                }
+                let secs = t.elapsed().as_secs_f64() / iters as f64;
+                let bytes = w.w.len() * 4 + w.scales.len() * 8;
+                println!(
+                    "{m}x{k}->{n} {bits}-bit {name}: {:.1} us, {:.2} GB/s",
+                    secs * 1e6,
+                    bytes as f64 / secs / 1e9
+                );
             }
-            let secs = t.elapsed().as_secs_f64() / iters as f64;
-            let bytes = w.w.len() * 4 + w.scales.len() * 8;
-            println!(
-                "{m}x{k}->{n} {bits}-bit: {:.1} us, {:.2} GB/s",
-                secs * 1e6,
-                bytes as f64 / secs / 1e9
-            );
         }
     }
 }

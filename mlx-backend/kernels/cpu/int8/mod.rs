@@ -36,13 +36,11 @@ mod tests;
 pub(crate) use tier::Int8Tier;
 
 use super::error::KernelError;
-use super::quant::{bias_term, Layout, QRow, QView};
+use super::quant::{Layout, QRow, QView};
 use super::simd::Element;
 
 /// Values per quantization block of x.
 pub(crate) const BLOCK: usize = 32;
-/// Weight rows per pass over the x rows in [`dot_tile`] and [`dot_rows`].
-const RW: usize = 4;
 /// x rows per pass in [`dot_tile`].
 const RX: usize = 2;
 
@@ -136,16 +134,17 @@ impl Q8Activations {
             let (q0, d0) = (self.q.len(), self.lane_d.len());
             self.q.resize(q0 + chunks * cv, 0);
             self.lane_d.resize(d0 + chunks * 8, 0.0);
-            let mut group_sum = 0.0f32;
             let blocks_per_group = lay.group_size / BLOCK;
-            let q = &mut self.q[q0..];
-            for (b, sum) in quantize_row(x, lay.bits, q, &mut self.lane_d[d0..]).enumerate() {
+            let (q, lane_d) = (&mut self.q[q0..], &mut self.lane_d[d0..]);
+            let sums = &mut self.group_sums;
+            let mut group_sum = 0.0f32;
+            quantize_row(x, lay.bits, q, lane_d, |b, sum| {
                 group_sum += sum;
                 if (b + 1) % blocks_per_group == 0 {
-                    self.group_sums.push(group_sum);
+                    sums.push(group_sum);
                     group_sum = 0.0;
                 }
-            }
+            });
             self.rows += 1;
         }
     }
@@ -168,16 +167,20 @@ impl Q8Activations {
 }
 
 /// Quantizes one row `x` into chunk order (`q`, `lane_d` zeroed by the
-/// caller); yields each block's sum of dequantized values, `d · Σ q`.
-fn quantize_row<'a>(
-    x: &'a [f32],
+/// caller); `block_sum(b, s)` receives each block's sum of dequantized
+/// values, `s = d · Σ q`.
+fn quantize_row(
+    x: &[f32],
     bits: u32,
-    q: &'a mut [i8],
-    lane_d: &'a mut [f32],
-) -> impl Iterator<Item = f32> + 'a {
-    x.chunks_exact(BLOCK).enumerate().map(move |(b, xb)| {
-        let mut qb = [0i8; BLOCK];
-        let d = quantize_block(xb, &mut qb);
+    q: &mut [i8],
+    lane_d: &mut [f32],
+    mut block_sum: impl FnMut(usize, f32),
+) {
+    let avx = super::simd::has_avx2_f16c();
+    let mut qb = [0i8; BLOCK];
+    for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
+        let xb: &[f32; BLOCK] = xb.try_into().expect("chunks_exact");
+        let (d, sum) = quantize_block(xb, &mut qb, avx);
         if bits == 4 {
             let (c, half) = (b / 2, b % 2);
             let base = c * 2 * BLOCK + half * 16;
@@ -190,19 +193,26 @@ fn quantize_row<'a>(
             q[b * BLOCK..][..BLOCK].copy_from_slice(&qb);
             lane_d[b * 8..][..8].fill(d);
         }
-        d * qb.iter().map(|&v| v as i32).sum::<i32>() as f32
-    })
+        block_sum(b, d * sum as f32);
+    }
 }
 
-/// llama.cpp's Q8 block: returns `d`, writes `round(x / d)`.
-fn quantize_block(x: &[f32], q: &mut [i8; BLOCK]) -> f32 {
+/// llama.cpp's Q8 block: returns `d` and `Σ q`, writes `q = round(x / d)`
+/// (ties to even) with `d = max|x| / 127`.
+fn quantize_block(x: &[f32; BLOCK], q: &mut [i8; BLOCK], avx: bool) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: `avx` comes from runtime detection of AVX2, FMA and F16C.
+        return unsafe { x86::quantize_block(x, q) };
+    }
+    let _ = avx;
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
     for (o, v) in q.iter_mut().zip(x) {
         *o = (v * id).round_ties_even() as i8;
     }
-    d
+    (d, q.iter().map(|&v| v as i32).sum())
 }
 
 /// Complete dot products (biases included) of prepared x row `x` with weight
@@ -216,24 +226,7 @@ pub(crate) fn dot_rows<P: Element>(
 ) -> Result<(), KernelError> {
     x.check(&w.lay)?;
     check_rows(w, first, out.len())?;
-    let lay = &w.lay;
-    let avx = tier.has_avx2();
-    let mut r = first;
-    let mut quads = out.chunks_exact_mut(RW);
-    for quad in &mut quads {
-        let rows = [0, 1, 2, 3].map(|j| w.row(r + j));
-        let d = scaled_tile::<P, RW, 1>(rows.each_ref(), [&x], lay, tier);
-        for (j, o) in quad.iter_mut().enumerate() {
-            *o = d[j][0] + bias_term(rows[j].biases, x.group_sums, avx);
-        }
-        r += RW;
-    }
-    for o in quads.into_remainder() {
-        let row = w.row(r);
-        *o = scaled_tile::<P, 1, 1>([&row], [&x], lay, tier)[0][0]
-            + bias_term(row.biases, x.group_sums, avx);
-        r += 1;
-    }
+    dot_range::<P, 1>(w, first, &[x], out, tier);
     Ok(())
 }
 
@@ -257,26 +250,45 @@ pub(crate) fn dot_tile<P: Element>(
             out.len()
         )));
     }
-    let rows = out.len() / m;
-    check_rows(w, first, rows)?;
-    let (lay, avx) = (&w.lay, tier.has_avx2());
-    // x rows outside: a pair of them stays in L1 while the tile's weight
-    // rows (a few KB) pass. Short groups repeat their last row; the extra
-    // sums are dropped.
-    for i0 in (0..m).step_by(RX) {
-        let xr = [0, 1].map(|j| xs.row((i0 + j).min(m - 1)));
-        for r0 in (0..rows).step_by(RW) {
-            let wr = [0, 1, 2, 3].map(|j| w.row(first + (r0 + j).min(rows - 1)));
-            let d = scaled_tile::<P, RW, RX>(wr.each_ref(), xr.each_ref(), lay, tier);
-            for (j, dr) in d.iter().enumerate().take(rows - r0) {
-                for (i, v) in dr.iter().enumerate().take(m - i0) {
-                    let bias = bias_term(wr[j].biases, xr[i].group_sums, avx);
-                    out[(r0 + j) * m + i0 + i] = v + bias;
+    check_rows(w, first, out.len() / m)?;
+    let rows: Vec<Q8Row> = (0..m).map(|i| xs.row(i)).collect();
+    dot_range::<P, RX>(w, first, &rows, out, tier);
+    Ok(())
+}
+
+/// [`dot_tile`] on checked arguments: the SIMD body over whole chunks, the
+/// scalar one for the rest (everything on the scalar tier).
+fn dot_range<P: Element, const NX: usize>(
+    w: &QView<P>,
+    first: usize,
+    xs: &[Q8Row],
+    out: &mut [f32],
+    tier: Int8Tier,
+) {
+    let (lay, m) = (&w.lay, xs.len());
+    let rows = out.chunks_exact_mut(m).enumerate();
+    #[cfg(target_arch = "x86_64")]
+    if tier.has_avx2() {
+        x86::dot_range::<P, NX>(w, first, xs, out, tier);
+        // 4-bit with an odd block count: the trailing block in scalar code.
+        let blocks = lay.k / BLOCK;
+        if lay.bits == 4 && blocks % 2 == 1 {
+            for (j, o) in out.chunks_exact_mut(m).enumerate() {
+                let row = w.row(first + j);
+                for (o, x) in o.iter_mut().zip(xs) {
+                    *o += scalar_scaled(&row, x, lay, blocks - 1);
                 }
             }
         }
+        return;
     }
-    Ok(())
+    let _ = tier;
+    for (j, o) in rows {
+        let row = w.row(first + j);
+        for (o, x) in o.iter_mut().zip(xs) {
+            *o = scalar_scaled(&row, x, lay, 0) + scalar_bias(&row, x);
+        }
+    }
 }
 
 fn check_rows<P>(w: &QView<P>, first: usize, count: usize) -> Result<(), KernelError> {
@@ -289,35 +301,8 @@ fn check_rows<P>(w: &QView<P>, first: usize, count: usize) -> Result<(), KernelE
     Ok(())
 }
 
-/// `Σ scale · d · Σ q_w·q_x` (no biases) for each (weight row, x row) pair.
-fn scaled_tile<P: Element, const NW: usize, const NX: usize>(
-    w: [&QRow<P>; NW],
-    x: [&Q8Row; NX],
-    lay: &Layout,
-    tier: Int8Tier,
-) -> [[f32; NX]; NW] {
-    let blocks = lay.k / BLOCK;
-    let mut out = [[0.0f32; NX]; NW];
-    #[allow(unused_mut)] // only x86-64 has SIMD bodies
-    let mut first_scalar = 0;
-    #[cfg(target_arch = "x86_64")]
-    if tier.has_avx2() {
-        out = x86::scaled_tile(w, x, lay, tier);
-        // 4-bit: whole chunks in SIMD, a trailing single block in scalar code.
-        first_scalar = if lay.bits == 4 { blocks & !1 } else { blocks };
-    }
-    if first_scalar < blocks {
-        for (o, wr) in out.iter_mut().zip(w) {
-            for (v, xr) in o.iter_mut().zip(x) {
-                *v += scalar_scaled(wr, xr, lay, first_scalar);
-            }
-        }
-    }
-    out
-}
-
-/// Scalar body of [`scaled_tile`] over blocks `first_block..`, reading the
-/// chunk order as the SIMD bodies do.
+/// `Σ scale · d · Σ q_w·q_x` over blocks `first_block..`, reading the chunk
+/// order as the SIMD bodies do.
 fn scalar_scaled<P: Element>(w: &QRow<P>, x: &Q8Row, lay: &Layout, first_block: usize) -> f32 {
     let byte = |i: usize| (w.w[i / 4] >> (8 * (i % 4))) as u8;
     let mut acc = 0.0f32;
@@ -342,4 +327,13 @@ fn scalar_scaled<P: Element>(w: &QRow<P>, x: &Q8Row, lay: &Layout, first_block: 
         acc += isum as f32 * (d * scale);
     }
     acc
+}
+
+/// `Σ bias · (Σ x̂ over the group)`.
+fn scalar_bias<P: Element>(w: &QRow<P>, x: &Q8Row) -> f32 {
+    w.biases
+        .iter()
+        .zip(x.group_sums)
+        .map(|(b, s)| b.to_f32() * s)
+        .sum()
 }
