@@ -148,6 +148,13 @@ mx::cpu::CommandEncoder& begin_dense_eval(
   return enc;
 }
 
+mx::array dense_input(const mx::array& a, mx::Stream s) {
+  if (a.status() != mx::array::Status::unscheduled && a.flags().row_contiguous) {
+    return a;
+  }
+  return mx::contiguous(a, false, s);
+}
+
 bool is_float(mx::Dtype t) {
   return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
 }

@@ -102,4 +102,9 @@ class DenseInput {
 
 bool is_float(mlx::core::Dtype t);
 
+// `a` itself when it is already evaluated and row-contiguous (a model's
+// weights), else `mlx::core::contiguous(a)`: ops that read inputs as dense
+// buffers add no graph node for inputs that are dense already.
+mlx::core::array dense_input(const mlx::core::array& a, mlx::core::Stream s);
+
 } // namespace mlx_backend

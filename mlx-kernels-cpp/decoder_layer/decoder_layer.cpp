@@ -358,7 +358,7 @@ std::vector<array> decoder_layer_op(
   // Parameters are read dense (a no-op for the model's own weights); the
   // caches are not wrapped, so that their buffers can be donated.
   for (size_t i = 0; i < config.param_inputs(); ++i) {
-    inputs[i] = mx::contiguous(inputs[i], false, s);
+    inputs[i] = dense_input(inputs[i], s);
   }
   std::vector<mx::Shape> shapes{x.shape()};
   std::vector<mx::Dtype> dtypes{x.dtype()};

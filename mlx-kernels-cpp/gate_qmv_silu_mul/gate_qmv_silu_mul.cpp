@@ -116,7 +116,7 @@ array gate_qmv_silu_mul_op(
     return fallback(inputs)[0];
   }
   for (auto& in : inputs) {
-    in = mx::contiguous(in, false, s);
+    in = dense_input(in, s);
   }
   auto shape = x.shape();
   shape.back() = n;
@@ -172,7 +172,7 @@ array gather_gate_qmv_silu_mul_op(
     return fallback(inputs)[0];
   }
   for (auto& in : inputs) {
-    in = mx::contiguous(in, false, s);
+    in = dense_input(in, s);
   }
   auto shape = indices.shape();
   shape.push_back(n);

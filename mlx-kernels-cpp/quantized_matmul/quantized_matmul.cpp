@@ -67,7 +67,7 @@ array quantized_matmul_op(
     return fallback(inputs)[0];
   }
   for (auto& in : inputs) {
-    in = mx::contiguous(in, false, s);
+    in = dense_input(in, s);
   }
   auto shape = x.shape();
   shape.back() = n;
