@@ -1,8 +1,8 @@
 //! Decode speed of the default model (SmolLM2-135M-Instruct Q4_1 GGUF):
 //! prefill 32 tokens, then 32 greedy decode steps, with the custom
 //! `quantized_matmul` kernel on and off, in the file's dtype, in f32, and in
-//! f32 with int8 activations in the quantized kernels (`int8`, as
-//! `LoadOptions::for_device(Cpu)` loads it).
+//! f32 with int8 activations in the quantized kernels (`int8`,
+//! `ActivationPrecision::Int8`).
 //!
 //! `cargo run --release --example bench_decode [path.gguf] [file|f32|int8] [on|off]`
 //! (the optional arguments run one mode / one kernel setting only).
