@@ -6,6 +6,7 @@ pub(crate) mod error;
 pub(crate) mod int8;
 pub(crate) mod quant;
 pub(crate) mod simd;
+pub(crate) mod team;
 
 pub(crate) use error::KernelError;
 

@@ -15,13 +15,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rayon::prelude::*;
+use std::ops::Range;
 
 use crate::ffi::DecoderLayerSpec;
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::int8::{dot_rows, Int8Tier, Q8Activations};
-use crate::kernels::cpu::quant::{Layout, QView, QuantMatrix};
+use crate::kernels::cpu::int8::Int8Tier;
+use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::simd::{self, Element};
+use crate::kernels::cpu::team;
 use crate::kernels::cpu::{run_entry, with_float, FloatKind};
 use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_with;
@@ -108,48 +109,76 @@ pub struct Geometry {
     pub int8: Option<Int8Tier>,
 }
 
-/// Below this many multiply-adds a single-row projection stays on one thread.
-const SPLIT_MIN_MACS: usize = 1 << 16;
+/// Column alignment of the members' shares of a projection.
+const SHARE_ALIGN: usize = 8;
 
-/// `src [rows, k] · Wᵀ → [rows, n]`. A single row is split in two halves of
-/// output rows over the pool (the caller runs inside a rayon scope, so the
-/// split costs a local push, not a wake-up from outside the pool).
-fn project<P: Element>(
+/// A buffer that team members write in disjoint parts within a stage and
+/// read only after the next barrier.
+#[derive(Clone, Copy)]
+struct Shared {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: access follows the stage discipline documented on the methods.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    fn new(v: &mut [f32]) -> Shared {
+        Shared {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        }
+    }
+
+    /// # Safety
+    /// No other member touches `range` in this stage.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn part(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len);
+        // SAFETY: in bounds; exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+
+    /// # Safety
+    /// Nobody writes the buffer in this stage.
+    unsafe fn all(&self) -> &[f32] {
+        // SAFETY: as documented.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Columns `cols` of `src [rows, k] · Wᵀ`, as `[rows][cols.len()]`.
+fn project_cols<P: Element>(
     src: &[f32],
     m: &QuantMatrix<P>,
     rows: usize,
-    n: usize,
     k: usize,
+    cols: &Range<usize>,
     int8: Option<Int8Tier>,
 ) -> Result<Vec<f32>, KernelError> {
-    let mut dst = vec![0.0f32; rows * n];
-    if rows != 1 || n < 4 || n * k < SPLIT_MIN_MACS {
-        quantized_matmul_with::<f32, P>(src, *m, &mut dst, rows, n, k, int8)?;
-        return Ok(dst);
+    let mut tmp = vec![0.0f32; rows * cols.len()];
+    if !cols.is_empty() {
+        let part = rows_of(m, k, cols.start, cols.len());
+        quantized_matmul_with::<f32, P>(src, part, &mut tmp, rows, cols.len(), k, int8)?;
     }
-    let lay = Layout::new(m.bits, m.group_size, n, k)?;
-    let view = QView::new("w", m.w, m.scales, m.biases, lay, 1)?;
-    let half = (n / 2) & !1;
-    let (lo, hi) = dst.split_at_mut(half);
-    match int8 {
-        Some(tier) => {
-            let x = Q8Activations::prepare(std::iter::once(src), &lay);
-            let (a, b) = rayon::join(
-                || dot_rows(x.row(0), &view, 0, lo, tier),
-                || dot_rows(x.row(0), &view, half, hi, tier),
-            );
-            a.and(b)?;
-        }
-        None => {
-            let part = |first: usize, out: &mut [f32]| {
-                let rows = rows_of(m, k, first, out.len());
-                quantized_matmul_with::<f32, P>(src, rows, out, 1, out.len(), k, None)
-            };
-            let (a, b) = rayon::join(|| part(0, lo), || part(half, hi));
-            a.and(b)?;
-        }
+    Ok(tmp)
+}
+
+/// Writes `tmp [rows][cols]` into columns `cols` of `dst [rows, n]`.
+///
+/// # Safety
+/// No other member writes these columns in this stage.
+unsafe fn scatter_cols(tmp: &[f32], dst: &Shared, n: usize, cols: &Range<usize>) {
+    let w = cols.len();
+    if w == 0 {
+        return;
     }
-    Ok(dst)
+    for (r, part) in tmp.chunks_exact(w).enumerate() {
+        // SAFETY: the caller owns these columns in this stage.
+        unsafe { dst.part(r * n + cols.start, w) }.copy_from_slice(part);
+    }
 }
 
 /// Output rows `first..first + count` of `m` (K = `k`) as a matrix of their own.
@@ -171,21 +200,12 @@ fn rows_of<'a, P>(
 }
 
 /// Runs the block for `x [rows, hidden]` into `out [rows, hidden]`,
-/// appending each row's key and value to `caches[row]`.
-pub fn decoder_layer<P: Element>(
-    x: &[f32],
-    w: &LayerWeights<P>,
-    g: &Geometry,
-    rope: &Rope,
-    caches: &mut [RowCache],
-    out: &mut [f32],
-) -> Result<(), KernelError> {
-    // Inside a scope the block runs on a pool thread, so every split below
-    // is a cheap local one.
-    rayon::scope(|_| decoder_layer_body(x, w, g, rope, caches, out))
-}
-
-fn decoder_layer_body<P: Element>(
+/// appending each row's key and value to `caches[row]`. The stages are
+/// shared by the CPU team (see `kernels::cpu::team`): each member takes a
+/// share of every projection's output columns, of the (row, kv head) cache
+/// appends and of the (row, query head) attentions, with a barrier between
+/// stages; the small per-row steps (norms, residuals) every member repeats.
+pub(crate) fn decoder_layer<P: Element>(
     x: &[f32],
     w: &LayerWeights<P>,
     g: &Geometry,
@@ -215,93 +235,171 @@ fn decoder_layer_body<P: Element>(
             )));
         }
     }
-    let norm = |src: &[f32], weight: &[P], dst: &mut [f32], n: usize, dim: usize| {
-        let wf: Vec<f32> = weight.iter().map(|v| v.to_f32()).collect();
-        rms_norm::<f32>(src, dim, &wf, 1, dst, n, dim, g.eps)
-    };
-    let project =
-        |src: &[f32], m: &QuantMatrix<P>, n: usize, k: usize| project(src, m, rows, n, k, g.int8);
-
-    // Attention half.
-    let mut xn = vec![0.0f32; rows * h];
-    norm(x, w.input_norm, &mut xn, rows, h)?;
-    let [wq, wk, wv, wo, wg, wu, wd] = &w.proj;
-    let mut q = project(&xn, wq, nq * d, h)?;
-    let mut k = project(&xn, wk, nkv * d, h)?;
-    let mut v = project(&xn, wv, nkv * d, h)?;
     if let Some([bq, bk, bv]) = &w.qkv_bias {
-        for (t, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
-            let n = t.len() / rows;
-            check_len("qkv bias", b.len(), Some(n))?;
-            for row in t.chunks_exact_mut(n) {
-                row.iter_mut()
-                    .zip(b.iter())
-                    .for_each(|(a, b)| *a += b.to_f32());
-            }
-        }
+        check_len("q bias", bq.len(), Some(nq * d))?;
+        check_len("k bias", bk.len(), Some(nkv * d))?;
+        check_len("v bias", bv.len(), Some(nkv * d))?;
     }
     if let Some([qn, kn]) = &w.qk_norm {
         check_len("q_norm", qn.len(), Some(d))?;
         check_len("k_norm", kn.len(), Some(d))?;
-        let qs = q.clone();
-        norm(&qs, qn, &mut q, rows * nq, d)?;
-        let ks = k.clone();
-        norm(&ks, kn, &mut k, rows * nkv, d)?;
     }
-    for (r, cache) in caches.iter_mut().enumerate() {
-        let pos = cache.offset;
-        for head in q[r * nq * d..][..nq * d].chunks_exact_mut(d) {
-            rope.apply(head, pos);
-        }
-        for kh in 0..nkv {
-            let key = &mut k[(r * nkv + kh) * d..][..d];
-            rope.apply(key, pos);
-            let at = (kh * cache.capacity + pos) * d;
-            cache.keys[at..at + d].copy_from_slice(key);
-            cache.values[at..at + d].copy_from_slice(&v[(r * nkv + kh) * d..][..d]);
-        }
-    }
-    // One task per (row, query head) once the scores are worth a split.
-    let mut attn = vec![0.0f32; rows * nq * d];
-    let caches: &[RowCache] = caches;
-    let head = |i: usize, out: &mut [f32], scores: &mut Vec<f32>| {
-        let (r, qh) = (i / nq, i % nq);
-        let cache = &caches[r];
-        let base = qh / (nq / nkv) * cache.capacity * d;
-        let len = (cache.offset + 1) * d;
-        attend(
-            &q[i * d..][..d],
-            &cache.keys[base..][..len],
-            &cache.values[base..][..len],
-            g.attn_scale,
-            scores,
-            out,
-        );
+    let widen = |v: &[P]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
+    let (norm1, norm2) = (widen(w.input_norm), widen(w.post_norm));
+    let qk_norm = w.qk_norm.map(|[a, b]| [widen(a), widen(b)]);
+    let bias = w.qkv_bias.map(|[a, b, c]| [widen(a), widen(b), widen(c)]);
+    let norm = |src: &[f32], weight: &[f32], n: usize, dim: usize| {
+        let mut dst = vec![0.0f32; n * dim];
+        rms_norm::<f32>(src, dim, weight, 1, &mut dst, n, dim, g.eps).map(|_| dst)
     };
-    let work: usize = caches.iter().map(|c| (c.offset + 1) * nq * d).sum();
-    if work >= SPLIT_MIN_MACS {
-        attn.par_chunks_mut(d)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (i, out)| head(i, out, scores));
-    } else {
-        let mut scores = Vec::new();
-        for (i, out) in attn.chunks_mut(d).enumerate() {
-            head(i, out, &mut scores);
-        }
-    }
-    let o = project(&attn, wo, h, nq * d)?;
-    let hres: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
+    let [wq, wk, wv, wo, wg, wu, wd] = &w.proj;
+    let inter = g.intermediate;
 
-    // MLP half.
-    let mut hn = vec![0.0f32; rows * h];
-    norm(&hres, w.post_norm, &mut hn, rows, h)?;
-    let mut act = vec![0.0f32; rows * g.intermediate];
-    gate_qmv_silu_mul_with::<f32, P>(&hn, *wg, *wu, &mut act, rows, g.intermediate, h, g.int8)?;
-    let down = project(&act, wd, h, g.intermediate)?;
-    for ((o, a), b) in out.iter_mut().zip(&hres).zip(&down) {
-        *o = a + b;
-    }
-    Ok(())
+    let (mut q, mut k, mut v) = (
+        vec![0.0f32; rows * nq * d],
+        vec![0.0f32; rows * nkv * d],
+        vec![0.0f32; rows * nkv * d],
+    );
+    let (mut attn, mut o, mut act) = (
+        vec![0.0f32; rows * nq * d],
+        vec![0.0f32; rows * h],
+        vec![0.0f32; rows * inter],
+    );
+    let (q, k, v) = (
+        Shared::new(&mut q),
+        Shared::new(&mut k),
+        Shared::new(&mut v),
+    );
+    let (attn, o, act) = (
+        Shared::new(&mut attn),
+        Shared::new(&mut o),
+        Shared::new(&mut act),
+    );
+    let out = Shared::new(out);
+    let kv: Vec<(Shared, Shared, usize, usize)> = caches
+        .iter_mut()
+        .map(|c| {
+            (
+                Shared::new(c.keys),
+                Shared::new(c.values),
+                c.capacity,
+                c.offset,
+            )
+        })
+        .collect();
+
+    team::run(|m| {
+        // SAFETY (every `part`/`all` below): each stage writes only this
+        // member's share (`m.share`) of a buffer, and buffers are read whole
+        // only after the barrier that ends the stage writing them.
+
+        // q, k, v projections of norm1(x).
+        let xn = norm(x, &norm1, rows, h)?;
+        for (buf, mat, n) in [(&q, wq, nq * d), (&k, wk, nkv * d), (&v, wv, nkv * d)] {
+            let cols = m.share(n, SHARE_ALIGN);
+            let tmp = project_cols(&xn, mat, rows, h, &cols, g.int8)?;
+            unsafe { scatter_cols(&tmp, buf, n, &cols) };
+        }
+        m.barrier()?;
+
+        // Keys and values of this step: bias, k norm, rope, cache append.
+        let (qa, ka, va) = unsafe { (q.all(), k.all(), v.all()) };
+        let mut key = vec![0.0f32; d];
+        for unit in m.share(rows * nkv, 1) {
+            let (r, kh) = (unit / nkv, unit % nkv);
+            let (keys, values, capacity, pos) = kv[r];
+            key.copy_from_slice(&ka[unit * d..][..d]);
+            let at = (kh * capacity + pos) * d;
+            let value = unsafe { values.part(at, d) };
+            value.copy_from_slice(&va[unit * d..][..d]);
+            if let Some([_, bk, bv]) = &bias {
+                key.iter_mut().zip(&bk[kh * d..]).for_each(|(a, b)| *a += b);
+                value
+                    .iter_mut()
+                    .zip(&bv[kh * d..])
+                    .for_each(|(a, b)| *a += b);
+            }
+            if let Some([_, kn]) = &qk_norm {
+                key = norm(&key, kn, 1, d)?;
+            }
+            rope.apply(&mut key, pos);
+            unsafe { keys.part(at, d) }.copy_from_slice(&key);
+        }
+        m.barrier()?;
+
+        // Attention of each (row, query head).
+        let (mut query, mut scores) = (vec![0.0f32; d], Vec::new());
+        for unit in m.share(rows * nq, 1) {
+            let (r, qh) = (unit / nq, unit % nq);
+            let (keys, values, capacity, pos) = kv[r];
+            query.copy_from_slice(&qa[unit * d..][..d]);
+            if let Some([bq, _, _]) = &bias {
+                query
+                    .iter_mut()
+                    .zip(&bq[qh * d..])
+                    .for_each(|(a, b)| *a += b);
+            }
+            if let Some([qn, _]) = &qk_norm {
+                query = norm(&query, qn, 1, d)?;
+            }
+            rope.apply(&mut query, pos);
+            let base = qh / (nq / nkv) * capacity * d;
+            let len = (pos + 1) * d;
+            let (keys, values) = unsafe { (keys.all(), values.all()) };
+            attend(
+                &query,
+                &keys[base..][..len],
+                &values[base..][..len],
+                g.attn_scale,
+                &mut scores,
+                unsafe { attn.part(unit * d, d) },
+            );
+        }
+        m.barrier()?;
+
+        // o projection.
+        let cols = m.share(h, SHARE_ALIGN);
+        let tmp = project_cols(unsafe { attn.all() }, wo, rows, nq * d, &cols, g.int8)?;
+        unsafe { scatter_cols(&tmp, &o, h, &cols) };
+        m.barrier()?;
+
+        // Residual, norm2, gate/up SwiGLU.
+        let hres: Vec<f32> = x
+            .iter()
+            .zip(unsafe { o.all() })
+            .map(|(a, b)| a + b)
+            .collect();
+        let hn = norm(&hres, &norm2, rows, h)?;
+        let cols = m.share(inter, SHARE_ALIGN);
+        if !cols.is_empty() {
+            let mut tmp = vec![0.0f32; rows * cols.len()];
+            gate_qmv_silu_mul_with::<f32, P>(
+                &hn,
+                rows_of(wg, h, cols.start, cols.len()),
+                rows_of(wu, h, cols.start, cols.len()),
+                &mut tmp,
+                rows,
+                cols.len(),
+                h,
+                g.int8,
+            )?;
+            unsafe { scatter_cols(&tmp, &act, inter, &cols) };
+        }
+        m.barrier()?;
+
+        // down projection + residual, straight into `out`.
+        let cols = m.share(h, SHARE_ALIGN);
+        let mut tmp = project_cols(unsafe { act.all() }, wd, rows, inter, &cols, g.int8)?;
+        let width = cols.len();
+        if width > 0 {
+            for (r, part) in tmp.chunks_exact_mut(width).enumerate() {
+                let res = &hres[r * h + cols.start..][..width];
+                part.iter_mut().zip(res).for_each(|(a, b)| *a += b);
+            }
+            unsafe { scatter_cols(&tmp, &out, h, &cols) };
+        }
+        Ok(())
+    })
 }
 
 /// `softmax(scale·q·Kᵀ)·V` for one query over `keys, values [S, d]`.

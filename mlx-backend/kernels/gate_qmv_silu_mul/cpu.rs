@@ -239,7 +239,9 @@ fn project_rows_int8<T: Element, P: Element>(
         Ok::<(), KernelError>(())
     };
     let new_bufs = || (vec![0.0f32; TILE_N * m], vec![0.0f32; TILE_N * m]);
-    if m.saturating_mul(gate.lay.n).saturating_mul(gate.lay.k) > PAR_MIN_MACS {
+    if m.saturating_mul(gate.lay.n).saturating_mul(gate.lay.k) > PAR_MIN_MACS
+        && !crate::kernels::cpu::team::in_team()
+    {
         dst.par_chunks_mut(TILE_N * m)
             .enumerate()
             .try_for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs))
@@ -283,7 +285,9 @@ fn project_rows_exact<T: Element, P: Element>(
         let len = if m > 1 { k } else { 0 };
         (vec![0.0f32; len], vec![0.0f32; len])
     };
-    if m.saturating_mul(lay.n).saturating_mul(k) > PAR_MIN_MACS {
+    if m.saturating_mul(lay.n).saturating_mul(k) > PAR_MIN_MACS
+        && !crate::kernels::cpu::team::in_team()
+    {
         dst.par_chunks_mut(TILE_N * m)
             .enumerate()
             .for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs));

@@ -64,7 +64,13 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let parallel = m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS;
+    let parallel = m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS
+        && !crate::kernels::cpu::team::in_team();
+    if m == 1 && parallel {
+        // One row (decode, the lm_head): the CPU team splits the output rows;
+        // a pool would cut them into many small tasks and wake workers.
+        return matvec_on_team(x, w, out, n, k, int8);
+    }
     if let Some(tier) = int8 {
         return int8_matmul(x, &wv, out, m, parallel, tier);
     }
@@ -153,6 +159,43 @@ fn try_for_tiles<T: Send, B>(
         }
         Ok(())
     }
+}
+
+/// One x row against `w`, each team member taking a share of the output rows.
+fn matvec_on_team<T: Element, P: Element>(
+    x: &[T],
+    w: QuantMatrix<P>,
+    out: &mut [T],
+    n: usize,
+    k: usize,
+    int8: Option<Int8Tier>,
+) -> Result<(), KernelError> {
+    struct OutPtr<T>(*mut T);
+    // SAFETY: members write disjoint ranges of `out` (their shares).
+    unsafe impl<T> Sync for OutPtr<T> {}
+    impl<T> OutPtr<T> {
+        fn at(&self, i: usize) -> *mut T {
+            // SAFETY: callers stay within `out`.
+            unsafe { self.0.add(i) }
+        }
+    }
+    let dst = OutPtr(out.as_mut_ptr());
+    let (words, groups) = (k * w.bits as usize / 32, k / w.group_size);
+    crate::kernels::cpu::team::run(|member| {
+        let rows = member.share(n, TILE_N);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let part = QuantMatrix {
+            w: &w.w[rows.start * words..rows.end * words],
+            scales: &w.scales[rows.start * groups..rows.end * groups],
+            biases: &w.biases[rows.start * groups..rows.end * groups],
+            ..w
+        };
+        // SAFETY: `rows` is this member's share of `0..n`; shares are disjoint.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.at(rows.start), rows.len()) };
+        quantized_matmul_with(x, part, out, 1, rows.len(), k, int8)
+    })
 }
 
 /// Runs `body(first_row, chunk, scratch)` over `dst` in chunks of
