@@ -8,7 +8,7 @@
 //! ratios.
 //!
 //! ```sh
-//! cargo run --release --example bench_one_batch -- --prefill 32,256,1024 --decode-batch 1,4,16
+//! cargo run --release --example bench_one_batch -- --prefill 32,256,512 --decode-batch 1,4,8,16 [--activations int8]
 //! ```
 
 use mlx_backend::model::{fetch, LoadOptions};
@@ -28,6 +28,8 @@ struct Args {
     repeats: usize,
     threads: usize,
     peers: bool,
+    /// Int8 activations in the quantized kernels (`--activations int8`).
+    int8: bool,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -43,6 +45,7 @@ fn parse_args() -> Args {
         repeats: 3,
         threads: 2,
         peers: true,
+        int8: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -55,6 +58,13 @@ fn parse_args() -> Args {
             "--repeats" => a.repeats = value().parse().expect("a number"),
             "--threads" => a.threads = value().parse().expect("a number"),
             "--no-peers" => a.peers = false,
+            "--activations" => {
+                a.int8 = match value().as_str() {
+                    "int8" => true,
+                    "exact" => false,
+                    other => panic!("--activations takes exact or int8, not {other}"),
+                }
+            }
             other => panic!("unknown argument {other}"),
         }
     }
@@ -258,11 +268,11 @@ fn main() {
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads)
         .build_global();
-    let mut runner = MlxModelRunner::load(
-        &path,
-        &LoadOptions::for_device(mlx_backend::Stream::current().device()),
-        RunnerConfig::default(),
-    )
+    let mut options = LoadOptions::for_device(mlx_backend::Stream::current().device());
+    if a.int8 {
+        options.activations = mlx_backend::kernels::ActivationPrecision::Int8;
+    }
+    let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default())
     .expect("load");
     let ours = bench_ours(&mut runner, &a);
     let mut peers: Vec<(&str, Results)> = Vec::new();
@@ -291,12 +301,13 @@ fn main() {
         .unwrap_or_default();
     let flags = cpu_flags();
     println!(
-        "\nmodel: {}\nmachine: {} ({} cores; {}), threads {}\n",
+        "\nmodel: {}\nmachine: {} ({} cores; {}), threads {}, activations {}\n",
         path.display(),
         cpu,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         flags.join(" "),
-        a.threads
+        a.threads,
+        if a.int8 { "int8" } else { "exact" }
     );
     let mut header = String::from("| workload | mlx-backend |");
     let mut rule = String::from("| --- | --- |");

@@ -13,7 +13,7 @@ LLAMA_CPP_PYTHON_VERSION=0.3.36
 
 CACHE="${MLX_BACKEND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-backend}"
 VENV="$CACHE/llama-cpp-venv"
-STAMP="$VENV/.installed-llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION"
+STAMP="$VENV/.installed-llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-noamx"
 PY="${PYTHON:-python3}"
 
 if [[ -f "$STAMP" ]] && "$VENV/bin/python" -c 'import llama_cpp' >/dev/null 2>&1; then
@@ -29,11 +29,15 @@ fi
 
 JOBS="${LLAMA_CPP_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # CPU-only, native ISA, no shared OpenMP surprises; tests/examples not built.
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}"
+# AMX is left out: on VMs whose CPU reports AMX but whose kernel grants no
+# AMX tile state (seen on a Xeon under firecracker), ggml's AMX path dies
+# with SIGILL at the first matmul.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'}"
 export CMAKE_BUILD_PARALLEL_LEVEL="$JOBS"
 export MAX_JOBS="$JOBS"
 
-"$VENV/bin/python" -m pip install --no-cache-dir --verbose \
+"$VENV/bin/python" -m pip install --no-cache-dir --verbose --force-reinstall --no-deps \
   "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2
 
 "$VENV/bin/python" -c 'import llama_cpp; print("llama_cpp", llama_cpp.__version__)' >&2
