@@ -272,8 +272,7 @@ fn main() {
     if a.int8 {
         options.activations = mlx_backend::kernels::ActivationPrecision::Int8;
     }
-    let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default())
-    .expect("load");
+    let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default()).expect("load");
     let ours = bench_ours(&mut runner, &a);
     let mut peers: Vec<(&str, Results)> = Vec::new();
     if a.peers && path.extension().is_some_and(|e| e == "gguf") {
