@@ -31,6 +31,22 @@ pub struct QuantMatrix<'a, T> {
     pub group_size: usize,
 }
 
+impl<'a, T> QuantMatrix<'a, T> {
+    /// Output rows `first..first + count` of this `[n, k]` matrix, as a
+    /// matrix of their own (panics outside the matrix).
+    pub(crate) fn rows(&self, k: usize, first: usize, count: usize) -> QuantMatrix<'a, T> {
+        let words = k * self.bits as usize / 32;
+        let groups = k / self.group_size;
+        QuantMatrix {
+            w: &self.w[first * words..][..count * words],
+            scales: &self.scales[first * groups..][..count * groups],
+            biases: &self.biases[first * groups..][..count * groups],
+            bits: self.bits,
+            group_size: self.group_size,
+        }
+    }
+}
+
 /// Validated quantisation geometry of one `[n, k]` matrix (or a stack of them).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Layout {

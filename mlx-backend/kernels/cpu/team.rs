@@ -44,6 +44,42 @@ impl Member<'_> {
     }
 }
 
+/// A buffer that team members write in disjoint parts within a stage and
+/// read whole only after the barrier that ends it.
+pub(crate) struct SharedSlice<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: access follows the stage discipline documented on the methods.
+unsafe impl<T: Send> Send for SharedSlice<T> {}
+unsafe impl<T: Send> Sync for SharedSlice<T> {}
+
+impl<T> SharedSlice<T> {
+    pub(crate) fn new(v: &mut [T]) -> SharedSlice<T> {
+        SharedSlice {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        }
+    }
+
+    /// # Safety
+    /// No other member touches `start..start + len` in this stage.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn part(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start + len <= self.len);
+        // SAFETY: in bounds; exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+
+    /// # Safety
+    /// Nobody writes the buffer in this stage.
+    pub(crate) unsafe fn all(&self) -> &[T] {
+        // SAFETY: as documented.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 /// Part `i` of `parts` of `0..n`, boundaries multiples of `align`.
 pub(crate) fn split(n: usize, parts: usize, i: usize, align: usize) -> Range<usize> {
     let align = align.max(1);
@@ -102,29 +138,14 @@ fn team() -> &'static Team {
         let size = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, MAX_MEMBERS);
-        let team: &'static Team = Box::leak(Box::new(Team {
-            size,
-            busy: Mutex::new(()),
-            generation: AtomicU64::new(0),
-            job: Mutex::new(None),
-            finished: AtomicUsize::new(0),
-            aborted: AtomicBool::new(false),
-            error: Mutex::new(None),
-            arrived: AtomicUsize::new(0),
-            barrier_round: AtomicUsize::new(0),
-            parked: Mutex::new(0),
-            wake: Condvar::new(),
-        }));
+        let team: &'static Team = Box::leak(Box::new(Team::new(size)));
         for id in 1..size {
             let spawned = std::thread::Builder::new()
                 .name(format!("mlx-backend-team-{id}"))
                 .spawn(move || team.helper(id));
             if spawned.is_err() {
                 // Without all helpers the team cannot meet at barriers.
-                return Box::leak(Box::new(Team {
-                    size: 1,
-                    ..Team::empty()
-                }));
+                return Box::leak(Box::new(Team::new(1)));
             }
         }
         team
@@ -132,9 +153,9 @@ fn team() -> &'static Team {
 }
 
 impl Team {
-    fn empty() -> Team {
+    fn new(size: usize) -> Team {
         Team {
-            size: 1,
+            size,
             busy: Mutex::new(()),
             generation: AtomicU64::new(0),
             job: Mutex::new(None),

@@ -22,7 +22,7 @@ use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::int8::Int8Tier;
 use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::simd::{self, Element};
-use crate::kernels::cpu::team;
+use crate::kernels::cpu::team::{self, SharedSlice};
 use crate::kernels::cpu::{run_entry, with_float, FloatKind};
 use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_with;
@@ -112,42 +112,7 @@ pub struct Geometry {
 /// Column alignment of the members' shares of a projection.
 const SHARE_ALIGN: usize = 8;
 
-/// A buffer that team members write in disjoint parts within a stage and
-/// read only after the next barrier.
-#[derive(Clone, Copy)]
-struct Shared {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: access follows the stage discipline documented on the methods.
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    fn new(v: &mut [f32]) -> Shared {
-        Shared {
-            ptr: v.as_mut_ptr(),
-            len: v.len(),
-        }
-    }
-
-    /// # Safety
-    /// No other member touches `range` in this stage.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn part(&self, start: usize, len: usize) -> &mut [f32] {
-        assert!(start + len <= self.len);
-        // SAFETY: in bounds; exclusive by the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
-    }
-
-    /// # Safety
-    /// Nobody writes the buffer in this stage.
-    unsafe fn all(&self) -> &[f32] {
-        // SAFETY: as documented.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
+type Shared = SharedSlice<f32>;
 
 /// Columns `cols` of `src [rows, k] · Wᵀ`, as `[rows][cols.len()]`.
 fn project_cols<P: Element>(
@@ -160,7 +125,7 @@ fn project_cols<P: Element>(
 ) -> Result<Vec<f32>, KernelError> {
     let mut tmp = vec![0.0f32; rows * cols.len()];
     if !cols.is_empty() {
-        let part = rows_of(m, k, cols.start, cols.len());
+        let part = m.rows(k, cols.start, cols.len());
         quantized_matmul_with::<f32, P>(src, part, &mut tmp, rows, cols.len(), k, int8)?;
     }
     Ok(tmp)
@@ -178,24 +143,6 @@ unsafe fn scatter_cols(tmp: &[f32], dst: &Shared, n: usize, cols: &Range<usize>)
     for (r, part) in tmp.chunks_exact(w).enumerate() {
         // SAFETY: the caller owns these columns in this stage.
         unsafe { dst.part(r * n + cols.start, w) }.copy_from_slice(part);
-    }
-}
-
-/// Output rows `first..first + count` of `m` (K = `k`) as a matrix of their own.
-fn rows_of<'a, P>(
-    m: &QuantMatrix<'a, P>,
-    k: usize,
-    first: usize,
-    count: usize,
-) -> QuantMatrix<'a, P> {
-    let words = k * m.bits as usize / 32;
-    let groups = k / m.group_size;
-    QuantMatrix {
-        w: &m.w[first * words..][..count * words],
-        scales: &m.scales[first * groups..][..count * groups],
-        biases: &m.biases[first * groups..][..count * groups],
-        bits: m.bits,
-        group_size: m.group_size,
     }
 }
 
@@ -307,7 +254,8 @@ pub(crate) fn decoder_layer<P: Element>(
         let mut key = vec![0.0f32; d];
         for unit in m.share(rows * nkv, 1) {
             let (r, kh) = (unit / nkv, unit % nkv);
-            let (keys, values, capacity, pos) = kv[r];
+            let (keys, values, capacity, pos) = &kv[r];
+            let (capacity, pos) = (*capacity, *pos);
             key.copy_from_slice(&ka[unit * d..][..d]);
             let at = (kh * capacity + pos) * d;
             let value = unsafe { values.part(at, d) };
@@ -331,7 +279,8 @@ pub(crate) fn decoder_layer<P: Element>(
         let (mut query, mut scores) = (vec![0.0f32; d], Vec::new());
         for unit in m.share(rows * nq, 1) {
             let (r, qh) = (unit / nq, unit % nq);
-            let (keys, values, capacity, pos) = kv[r];
+            let (keys, values, capacity, pos) = &kv[r];
+            let (capacity, pos) = (*capacity, *pos);
             query.copy_from_slice(&qa[unit * d..][..d]);
             if let Some([bq, _, _]) = &bias {
                 query
@@ -375,8 +324,8 @@ pub(crate) fn decoder_layer<P: Element>(
             let mut tmp = vec![0.0f32; rows * cols.len()];
             gate_qmv_silu_mul_with::<f32, P>(
                 &hn,
-                rows_of(wg, h, cols.start, cols.len()),
-                rows_of(wu, h, cols.start, cols.len()),
+                wg.rows(h, cols.start, cols.len()),
+                wu.rows(h, cols.start, cols.len()),
                 &mut tmp,
                 rows,
                 cols.len(),

@@ -22,6 +22,7 @@ use crate::kernels::cpu::quant::{
     PreparedX, Q8Activations, QView,
 };
 use crate::kernels::cpu::simd::{self, Element};
+use crate::kernels::cpu::team::SharedSlice;
 use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
@@ -170,30 +171,15 @@ fn matvec_on_team<T: Element, P: Element>(
     k: usize,
     int8: Option<Int8Tier>,
 ) -> Result<(), KernelError> {
-    struct OutPtr<T>(*mut T);
-    // SAFETY: members write disjoint ranges of `out` (their shares).
-    unsafe impl<T> Sync for OutPtr<T> {}
-    impl<T> OutPtr<T> {
-        fn at(&self, i: usize) -> *mut T {
-            // SAFETY: callers stay within `out`.
-            unsafe { self.0.add(i) }
-        }
-    }
-    let dst = OutPtr(out.as_mut_ptr());
-    let (words, groups) = (k * w.bits as usize / 32, k / w.group_size);
+    let dst = SharedSlice::new(out);
     crate::kernels::cpu::team::run(|member| {
         let rows = member.share(n, TILE_N);
         if rows.is_empty() {
             return Ok(());
         }
-        let part = QuantMatrix {
-            w: &w.w[rows.start * words..rows.end * words],
-            scales: &w.scales[rows.start * groups..rows.end * groups],
-            biases: &w.biases[rows.start * groups..rows.end * groups],
-            ..w
-        };
+        let part = w.rows(k, rows.start, rows.len());
         // SAFETY: `rows` is this member's share of `0..n`; shares are disjoint.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.at(rows.start), rows.len()) };
+        let out = unsafe { dst.part(rows.start, rows.len()) };
         quantized_matmul_with(x, part, out, 1, rows.len(), k, int8)
     })
 }
