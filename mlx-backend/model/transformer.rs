@@ -191,27 +191,10 @@ impl Transformer {
         };
         let mut h = self.embed_tokens.forward(tokens)?;
         if l == 1 && shape[0] == 1 {
-            let mut rows: Vec<&mut [LayerKvCache]> = vec![caches];
-            if let Some(layers) = self.fused_layers(&h, &rows) {
-                for (i, layer) in layers.iter().enumerate() {
-                    h = fused_step(&h, layer, &mut rows, i)?;
-                }
-                return self.head(&h);
+            if let Some(out) = self.fused_decode(&h, &mut [&mut *caches])? {
+                return Ok(out);
             }
-            let [caches] = rows.try_into().ok().expect("one row");
-            return self.forward_layers(h, caches, mask, logits, l);
         }
-        self.forward_layers(h, caches, mask, logits, l)
-    }
-
-    fn forward_layers(
-        &self,
-        mut h: Array,
-        caches: &mut [LayerKvCache],
-        mask: AttentionMask<'_>,
-        logits: Logits,
-        l: i32,
-    ) -> Result<Array, ForwardError> {
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache, mask)?;
         }
@@ -248,11 +231,8 @@ impl Transformer {
             .map(|c| c.first().map_or(0, |l| l.offset()))
             .collect();
         let mut h = self.embed_tokens.forward(tokens)?;
-        if let Some(layers) = self.fused_layers(&h, caches) {
-            for (i, layer) in layers.iter().enumerate() {
-                h = fused_step(&h, layer, caches, i)?;
-            }
-            return self.head(&h);
+        if let Some(out) = self.fused_decode(&h, caches)? {
+            return Ok(out);
         }
         let ragged = RaggedBatch::new(&lengths)?;
         for (i, layer) in self.layers.iter().enumerate() {
@@ -287,6 +267,24 @@ impl Transformer {
             .iter()
             .all(|l| crate::kernels::decoder_layer::eligibility(h.dtype(), l).is_ok());
         (single_row && eligible).then_some(layers)
+    }
+
+    /// One decode step with every block as a fused node, from the embedded
+    /// tokens `h [B, 1, H]` (row `b` owning `rows[b]`); `None` when the
+    /// blocks do not qualify and must run op by op.
+    fn fused_decode(
+        &self,
+        h: &Array,
+        rows: &mut [&mut [LayerKvCache]],
+    ) -> Result<Option<Array>, ForwardError> {
+        let Some(layers) = self.fused_layers(h, rows) else {
+            return Ok(None);
+        };
+        let mut h = h.clone();
+        for (i, layer) in layers.iter().enumerate() {
+            h = fused_step(&h, layer, rows, i)?;
+        }
+        self.head(&h).map(Some)
     }
 
     fn head(&self, h: &Array) -> Result<Array, ForwardError> {
@@ -340,14 +338,17 @@ fn fused_step(
     layer_index: usize,
 ) -> Result<Array, OpError> {
     let (heads, dim) = (layer.n_kv_heads, layer.head_dim);
+    let restore = |rows: &mut [&mut [LayerKvCache]], taken: Vec<(Array, Array, i32)>| {
+        for (row, (k, v, _)) in rows.iter_mut().zip(taken) {
+            row[layer_index].restore(k, v);
+        }
+    };
     let mut taken = Vec::with_capacity(rows.len());
     for r in 0..rows.len() {
         match rows[r][layer_index].take_for_decode(heads, dim, x.dtype()) {
             Ok(t) => taken.push(t),
             Err(e) => {
-                for (row, (k, v, _)) in rows.iter_mut().zip(taken) {
-                    row[layer_index].restore(k, v);
-                }
+                restore(rows, taken);
                 return Err(e);
             }
         }
@@ -368,9 +369,7 @@ fn fused_step(
             Ok(out)
         }
         Err(e) => {
-            for (row, (k, v, _)) in rows.iter_mut().zip(taken) {
-                row[layer_index].restore(k, v);
-            }
+            restore(rows, taken);
             Err(e)
         }
     }
