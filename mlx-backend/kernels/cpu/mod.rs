@@ -4,6 +4,7 @@
 
 pub(crate) mod error;
 pub(crate) mod int8;
+pub(crate) mod qdot512;
 pub(crate) mod quant;
 pub(crate) mod simd;
 pub(crate) mod team;

@@ -173,11 +173,25 @@ pub(crate) struct PreparedX {
     pub(crate) perm: Vec<f32>,
     pub(crate) group_sums: Vec<f32>,
     pub(crate) rows: usize,
+    /// Words per block: 16 for [`super::qdot512`], 8 for the AVX2 and
+    /// scalar bodies here.
+    pub(crate) lanes: usize,
 }
 
 impl PreparedX {
+    /// Block order for the widest kernel this CPU runs.
     pub(crate) fn new<'x, T: Element>(rows: impl Iterator<Item = &'x [T]>, lay: &Layout) -> Self {
+        let lanes = if super::qdot512::available() { 16 } else { 8 };
+        Self::with_lanes(rows, lay, lanes)
+    }
+
+    pub(crate) fn with_lanes<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+        lanes: usize,
+    ) -> Self {
         let k = lay.k;
+        let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
         for row in rows {
@@ -189,19 +203,20 @@ impl PreparedX {
             );
             let start = perm.len();
             perm.resize(start + k, 0.0);
-            to_block_order(&natural, &mut perm[start..], lay.vals_per_word);
+            to_block_order(&natural, &mut perm[start..], vpw, lanes);
             count += 1;
         }
         PreparedX {
             perm,
             group_sums,
             rows: count,
+            lanes,
         }
     }
 }
 
-fn to_block_order(src: &[f32], dst: &mut [f32], vals_per_word: usize) {
-    let block = 8 * vals_per_word;
+fn to_block_order(src: &[f32], dst: &mut [f32], vals_per_word: usize, lanes: usize) {
+    let block = lanes * vals_per_word;
     for (s, d) in src.chunks(block).zip(dst.chunks_mut(block)) {
         let lanes = s.len() / vals_per_word;
         for j in 0..lanes {

@@ -13,6 +13,7 @@ use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::int8::tier_for_code;
+use crate::kernels::cpu::qdot512::{self, OutStrides, X_CHUNK};
 pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
@@ -71,6 +72,12 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
         return Ok(());
     }
     let px = Prepared::new(x.chunks_exact(k), &lay, int8);
+    if let Prepared::Exact(p) = &px {
+        if p.lanes == 16 && m > 1 {
+            rows_512(p, &gv, &uv, out);
+            return Ok(());
+        }
+    }
     if m == 1 {
         project_rows(&px, &gv, &uv, out)?;
     } else {
@@ -265,6 +272,22 @@ fn project_rows_exact<T: Element, P: Element>(
     let (m, k) = (px.rows, lay.k);
     let avx = simd::has_avx2_f16c();
     let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
+        if px.lanes == 16 {
+            // AVX-512: gate and up tiles from the register-blocked kernel;
+            // `chunk` is `[rows][m]` (transposed).
+            let rows = first..first + chunk.len() / m;
+            let (g, u) = (&mut bufs.0[..chunk.len()], &mut bufs.1[..chunk.len()]);
+            let strides = OutStrides {
+                x_stride: 1,
+                w_stride: m,
+            };
+            qdot512::dot_rows(px, 0..m, gate, rows.clone(), g, strides);
+            qdot512::dot_rows(px, 0..m, up, rows, u, strides);
+            for ((o, g), u) in chunk.iter_mut().zip(g.iter()).zip(u.iter()) {
+                *o = swiglu(*g, *u);
+            }
+            return;
+        }
         for (i, outs) in chunk.chunks_mut(m).enumerate() {
             let (g_row, u_row) = (gate.row(first + i), up.row(first + i));
             if m == 1 {
@@ -282,7 +305,13 @@ fn project_rows_exact<T: Element, P: Element>(
         }
     };
     let new_bufs = || {
-        let len = if m > 1 { k } else { 0 };
+        let len = if px.lanes == 16 {
+            TILE_N * m
+        } else if m > 1 {
+            k
+        } else {
+            0
+        };
         (vec![0.0f32; len], vec![0.0f32; len])
     };
     if m.saturating_mul(lay.n).saturating_mul(k) > PAR_MIN_MACS
@@ -295,6 +324,39 @@ fn project_rows_exact<T: Element, P: Element>(
         let mut bufs = new_bufs();
         for (c, chunk) in dst.chunks_mut(TILE_N * m).enumerate() {
             tile(c * TILE_N, chunk, &mut bufs);
+        }
+    }
+}
+
+/// Several x rows on the AVX-512 kernel: chunks of x rows (rayon tasks
+/// when large), each against all of gate and up, so `out` stays row-major.
+fn rows_512<T: Element, P: Element>(px: &PreparedX, gate: &QView<P>, up: &QView<P>, out: &mut [T]) {
+    let (m, n) = (px.rows, gate.lay.n);
+    let chunk_rows = X_CHUNK.min(m.div_ceil(2));
+    let strides = OutStrides {
+        x_stride: n,
+        w_stride: 1,
+    };
+    let body = |c: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
+        let xrows = c * chunk_rows..c * chunk_rows + chunk.len() / n;
+        bufs.0.resize(chunk.len(), 0.0);
+        bufs.1.resize(chunk.len(), 0.0);
+        qdot512::dot_rows(px, xrows.clone(), gate, 0..n, &mut bufs.0, strides);
+        qdot512::dot_rows(px, xrows, up, 0..n, &mut bufs.1, strides);
+        for ((o, g), u) in chunk.iter_mut().zip(&bufs.0).zip(&bufs.1) {
+            *o = swiglu(*g, *u);
+        }
+    };
+    if m.saturating_mul(n).saturating_mul(gate.lay.k) > PAR_MIN_MACS
+        && !crate::kernels::cpu::team::in_team()
+    {
+        out.par_chunks_mut(chunk_rows * n)
+            .enumerate()
+            .for_each_init(Default::default, |bufs, (c, chunk)| body(c, chunk, bufs));
+    } else {
+        let mut bufs = Default::default();
+        for (c, chunk) in out.chunks_mut(chunk_rows * n).enumerate() {
+            body(c, chunk, &mut bufs);
         }
     }
 }
@@ -653,7 +715,7 @@ mod tests {
             let g = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
             let u = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
             let x: Vec<f32> = rng.elems(k, 1.0);
-            let px = PreparedX::new(std::iter::once(&x[..]), &lay);
+            let px = PreparedX::with_lanes(std::iter::once(&x[..]), &lay, 8);
             let gv = QView::new("g", &g.w, &g.scales, &g.biases, lay, 1).unwrap();
             let uv = QView::new("u", &u.w, &u.scales, &u.biases, lay, 1).unwrap();
             let (gr, ur) = (gv.row(0), uv.row(0));

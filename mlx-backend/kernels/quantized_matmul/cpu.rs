@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::int8::tier_for_code;
+use crate::kernels::cpu::qdot512::{self, OutStrides, X_CHUNK};
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
     PreparedX, Q8Activations, QView,
@@ -32,6 +33,18 @@ pub use crate::kernels::cpu::quant::QuantMatrix;
 const PAR_MIN_MACS: usize = 1 << 19;
 /// Weight rows per tile (one rayon task; dequantized once in the tiled path).
 const TILE_N: usize = 16;
+/// One x row's outputs, consecutive.
+const ROW_MAJOR: OutStrides = OutStrides {
+    x_stride: 0,
+    w_stride: 1,
+};
+
+/// f32 results into T.
+fn to_elements<T: Element>(src: &[f32], dst: &mut [T]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = T::from_f32(*s);
+    }
+}
 
 /// `x` is `[m, k]`, `out` is `[m, n]`, both row-major, of element type
 /// `T`; the scales and biases are `P` (T itself, or f16/bf16 with f32 x).
@@ -76,7 +89,43 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
         return int8_matmul(x, &wv, out, m, parallel, tier);
     }
     let px = PreparedX::new(x.chunks_exact(k), &lay);
-    if m == 1 {
+    if px.lanes == 16 {
+        // AVX-512: one register-blocked kernel for any number of x rows.
+        if m == 1 {
+            // Tiles of output columns.
+            let new_buf = || vec![0.0f32; TILE_N];
+            let tile = |first: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
+                let buf = &mut buf[..chunk.len()];
+                let rows = first..first + chunk.len();
+                qdot512::dot_rows(&px, 0..1, &wv, rows, buf, ROW_MAJOR);
+                to_elements(buf, chunk);
+            };
+            for_tiles(out, TILE_N, parallel, new_buf, tile);
+        } else {
+            // Chunks of x rows, each against all of W: out stays row-major.
+            let chunk_rows = X_CHUNK.min(m.div_ceil(2));
+            let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
+                let xrows = c * chunk_rows..c * chunk_rows + chunk.len() / n;
+                buf.resize(chunk.len(), 0.0);
+                let strides = OutStrides {
+                    x_stride: n,
+                    w_stride: 1,
+                };
+                qdot512::dot_rows(&px, xrows, &wv, 0..n, buf, strides);
+                to_elements(buf, chunk);
+            };
+            if parallel {
+                out.par_chunks_mut(chunk_rows * n)
+                    .enumerate()
+                    .for_each_init(Vec::new, |buf, (c, chunk)| body(c, chunk, buf));
+            } else {
+                let mut buf = Vec::new();
+                for (c, chunk) in out.chunks_mut(chunk_rows * n).enumerate() {
+                    body(c, chunk, &mut buf);
+                }
+            }
+        }
+    } else if m == 1 {
         for_tiles(
             out,
             TILE_N,
