@@ -46,8 +46,10 @@ pub(crate) mod bridge {
         has_qk_norm: bool,
         /// `ActivationPrecision` code of the projections.
         activations: i32,
-        /// MLX dtype code of the norms, scales and biases (filled by C++).
+        /// MLX dtype code of the projections' scales and biases (filled by C++).
         params_dtype: i32,
+        /// MLX dtype code of the norms and q/k/v biases (filled by C++).
+        norms_dtype: i32,
     }
 
     unsafe extern "C++" {

@@ -34,6 +34,8 @@ struct Variant {
     /// (bits, group) for q, k, v, o, gate, up, down.
     quant: [(i32, i32); 7],
     activations: ActivationPrecision,
+    /// dtype of the projections' scales and biases (norms stay f32).
+    scales: Dtype,
 }
 
 impl Default for Variant {
@@ -47,6 +49,7 @@ impl Default for Variant {
             rope_dims: D,
             quant: [(4, 32); 7],
             activations: ActivationPrecision::Exact,
+            scales: Dtype::F32,
         }
     }
 }
@@ -72,12 +75,15 @@ fn weights(v: &Variant, seed: u64) -> Weights {
     let proj = std::array::from_fn(|p| {
         let (n, k) = dims[p];
         let (bits, group) = v.quant[p];
-        quantize(
+        let mut q = quantize(
             &normal(&[n, k], Dtype::F32, 0.0, 0.08, seed + p as u64),
             group,
             bits,
         )
-        .unwrap()
+        .unwrap();
+        q.scales = q.scales.astype(v.scales).unwrap();
+        q.biases = q.biases.astype(v.scales).unwrap();
+        q
     });
     let freqs: Vec<f32> = (0..v.rope_dims / 2)
         .map(|i| 10000f32.powf(2.0 * i as f32 / v.rope_dims as f32) * 1.7)
@@ -253,6 +259,21 @@ fn mixed_bits_and_group_sizes() {
         ..Variant::default()
     };
     check(v, &[10, 10], &[4, 9], 5);
+}
+
+#[test]
+fn half_precision_scales_with_f32_norms() {
+    // The GGUF layout on the CPU: f32 activations and norms, the
+    // checkpoint's f16 (or bf16) scales and biases.
+    for (scales, seed) in [(Dtype::F16, 21), (Dtype::BF16, 22)] {
+        let v = Variant {
+            bias: true,
+            qk_norm: true,
+            scales,
+            ..Variant::default()
+        };
+        check(v, &[9, 17], &[8, 2], seed);
+    }
 }
 
 #[test]

@@ -108,8 +108,10 @@ impl Linear {
 /// Token embeddings; also the lm_head when weights are tied.
 pub enum Embedding {
     Dense(Array),
-    /// The activation precision applies when it serves as the lm_head.
-    Quantized(Quantized, ActivationPrecision),
+    /// The activation precision applies when it serves as the lm_head; the
+    /// dtype is that of the rows it returns (the model's activations, which
+    /// may be wider than the scales).
+    Quantized(Quantized, ActivationPrecision, Dtype),
 }
 
 impl Embedding {
@@ -120,7 +122,10 @@ impl Embedding {
         hidden: usize,
     ) -> Result<Embedding, ModelLoadError> {
         match w.quantized(prefix, hidden)? {
-            Some(q) => Ok(Embedding::Quantized(q, w.activations())),
+            Some(q) => {
+                let dtype = w.float_dtype().unwrap_or(q.scales.dtype());
+                Ok(Embedding::Quantized(q, w.activations(), dtype))
+            }
             None => Ok(Embedding::Dense(w.get_shaped(
                 &format!("{prefix}.weight"),
                 &[vocab as i32, hidden as i32],
@@ -132,14 +137,25 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => w.take(ids, 0),
-            Embedding::Quantized(q, _) => Quantized {
-                weight: q.weight.take(ids, 0)?,
-                scales: q.scales.take(ids, 0)?,
-                biases: q.biases.take(ids, 0)?,
-                group_size: q.group_size,
-                bits: q.bits,
+            Embedding::Quantized(q, _, dtype) => {
+                // Only the looked-up rows' scales are widened (to the
+                // activations' dtype), so dequantization runs in it.
+                let widen = |a: Array| -> Result<Array, OpError> {
+                    if a.dtype() == *dtype {
+                        Ok(a)
+                    } else {
+                        a.astype(*dtype)
+                    }
+                };
+                Quantized {
+                    weight: q.weight.take(ids, 0)?,
+                    scales: widen(q.scales.take(ids, 0)?)?,
+                    biases: widen(q.biases.take(ids, 0)?)?,
+                    group_size: q.group_size,
+                    bits: q.bits,
+                }
+                .dequantize()
             }
-            .dequantize(),
         }
     }
 
@@ -150,7 +166,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array, OpError> {
         match self {
             Embedding::Dense(w) => x.matmul(&w.t()?),
-            Embedding::Quantized(q, activations) => {
+            Embedding::Quantized(q, activations, _) => {
                 super::fused::quantized_matmul_with(&x.astype(Dtype::F32)?, q, *activations)
             }
         }
@@ -159,7 +175,7 @@ impl Embedding {
     pub fn dtype(&self) -> Dtype {
         match self {
             Embedding::Dense(w) => w.dtype(),
-            Embedding::Quantized(q, _) => q.scales.dtype(),
+            Embedding::Quantized(_, _, dtype) => *dtype,
         }
     }
 }

@@ -32,7 +32,10 @@ use weights::Weights;
 /// Options for [`load`].
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
-    /// Cast floating tensors (norms, scales, dense weights) to this dtype.
+    /// Cast floating tensors (norms, dense weights) to this dtype; the
+    /// scales and biases of quantized tensors are cast only when it is
+    /// narrower than theirs (f32 keeps a GGUF's f16 scales: same values,
+    /// fewer bytes per step).
     pub dtype: Option<Dtype>,
     /// Quantize an unquantized checkpoint on load: `(group_size, bits)`.
     pub quantize: Option<(i32, i32)>,

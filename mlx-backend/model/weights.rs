@@ -15,6 +15,8 @@ pub struct Weights {
     infer_quantization: bool,
     /// What the quantized layers built from these weights ask their kernels for.
     activations: ActivationPrecision,
+    /// The dtype [`Weights::cast_floats`] cast to, if it ran.
+    float_dtype: Option<crate::Dtype>,
 }
 
 impl Weights {
@@ -28,6 +30,7 @@ impl Weights {
             quantization,
             infer_quantization,
             activations: ActivationPrecision::Exact,
+            float_dtype: None,
         }
     }
 
@@ -135,14 +138,40 @@ impl Weights {
         Some((q.group_size, q.bits))
     }
 
-    /// Cast every floating tensor (scales, biases, norms, dense weights) to `dtype`.
+    /// Cast every floating tensor (norms, dense weights) to `dtype`, except
+    /// the scales and biases of quantized tensors: widening those adds no
+    /// precision, only bytes for every decode step to read (the quantized
+    /// kernels widen them per group), so they keep the checkpoint's dtype
+    /// unless `dtype` is narrower.
     pub fn cast_floats(&mut self, dtype: crate::Dtype) -> Result<(), ModelLoadError> {
-        for a in self.tensors.values_mut() {
-            if a.dtype().is_float() && a.dtype() != dtype {
+        let quant_params: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|n| {
+                let prefix = n
+                    .strip_suffix(".scales")
+                    .or_else(|| n.strip_suffix(".biases"));
+                prefix.is_some_and(|p| {
+                    self.tensors
+                        .get(&format!("{p}.weight"))
+                        .is_some_and(|w| w.dtype() == crate::Dtype::U32)
+                })
+            })
+            .cloned()
+            .collect();
+        for (name, a) in self.tensors.iter_mut() {
+            let keep = quant_params.contains(name) && dtype.size() >= a.dtype().size();
+            if a.dtype().is_float() && a.dtype() != dtype && !keep {
                 *a = a.astype(dtype)?;
             }
         }
+        self.float_dtype = Some(dtype);
         Ok(())
+    }
+
+    /// The dtype floating tensors were cast to ([`Weights::cast_floats`]).
+    pub fn float_dtype(&self) -> Option<crate::Dtype> {
+        self.float_dtype
     }
 
     /// Quantize every dense 2-D+ `*.weight` of a linear layer (not norms or

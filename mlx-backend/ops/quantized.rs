@@ -12,9 +12,10 @@ use crate::ffi;
 pub struct Quantized {
     /// Packed uint32 `[..., N, K * bits / 32]`.
     pub weight: Array,
-    /// `[..., N, K / group_size]`, in the activation dtype.
+    /// `[..., N, K / group_size]`, in the activation dtype or narrower
+    /// (a checkpoint's f16 scales with f32 activations).
     pub scales: Array,
-    /// `[..., N, K / group_size]`, in the activation dtype.
+    /// `[..., N, K / group_size]`, in the scales' dtype.
     pub biases: Array,
     pub group_size: i32,
     pub bits: i32,

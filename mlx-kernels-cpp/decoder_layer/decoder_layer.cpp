@@ -190,7 +190,7 @@ std::vector<array> fallback_graph(const std::vector<array>& in, const LayerConfi
   return out;
 }
 
-DecoderLayerSpec to_spec(const LayerConfig& c, const array& params_like) {
+DecoderLayerSpec to_spec(const LayerConfig& c, const array& norms_like, const array& scales_like) {
   DecoderLayerSpec s;
   s.batch = c.batch;
   s.hidden = c.hidden;
@@ -209,7 +209,8 @@ DecoderLayerSpec to_spec(const LayerConfig& c, const array& params_like) {
   s.has_qkv_bias = c.has_qkv_bias;
   s.has_qk_norm = c.has_qk_norm;
   s.activations = c.activations;
-  s.params_dtype = static_cast<int32_t>(params_like.dtype().val());
+  s.params_dtype = static_cast<int32_t>(scales_like.dtype().val());
+  s.norms_dtype = static_cast<int32_t>(norms_like.dtype().val());
   return s;
 }
 
@@ -303,7 +304,8 @@ void DecoderLayerPrimitive::eval_cpu(
   for (int b = 0; b < config_.batch; ++b) {
     capacities.push_back(inputs[n_params + 2 * b].shape(2));
   }
-  auto spec = to_spec(config_, inputs[1]);
+  // inputs: x, input_norm, post_norm, then q's weight, scales, biases, ...
+  auto spec = to_spec(config_, inputs[1], inputs[4]);
   std::vector<int32_t> quant(config_.quant.begin(), config_.quant.end());
   std::vector<int32_t> offsets(config_.offsets.begin(), config_.offsets.end());
   std::vector<array> keep(inputs.begin(), inputs.begin() + n_params);

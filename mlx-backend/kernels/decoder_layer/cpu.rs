@@ -83,16 +83,17 @@ pub struct RowCache<'a> {
     pub offset: usize,
 }
 
-/// The block's weights; `P` is the scales' and norms' element type.
-pub struct LayerWeights<'a, P> {
-    pub input_norm: &'a [P],
-    pub post_norm: &'a [P],
+/// The block's weights; `P` is the scales' element type, `N` the norms'
+/// (and q/k/v biases').
+pub struct LayerWeights<'a, P, N> {
+    pub input_norm: &'a [N],
+    pub post_norm: &'a [N],
     /// In [`PROJECTIONS`] order.
     pub proj: [QuantMatrix<'a, P>; 7],
     /// q, k, v biases (Qwen2).
-    pub qkv_bias: Option<[&'a [P]; 3]>,
+    pub qkv_bias: Option<[&'a [N]; 3]>,
     /// Per-head q and k norm weights (Qwen3).
-    pub qk_norm: Option<[&'a [P]; 2]>,
+    pub qk_norm: Option<[&'a [N]; 2]>,
 }
 
 /// The block's geometry.
@@ -152,9 +153,9 @@ unsafe fn scatter_cols(tmp: &[f32], dst: &Shared, n: usize, cols: &Range<usize>)
 /// share of every projection's output columns, of the (row, kv head) cache
 /// appends and of the (row, query head) attentions, with a barrier between
 /// stages; the small per-row steps (norms, residuals) every member repeats.
-pub(crate) fn decoder_layer<P: Element>(
+pub(crate) fn decoder_layer<P: Element, N: Element>(
     x: &[f32],
-    w: &LayerWeights<P>,
+    w: &LayerWeights<P, N>,
     g: &Geometry,
     rope: &Rope,
     caches: &mut [RowCache],
@@ -191,7 +192,7 @@ pub(crate) fn decoder_layer<P: Element>(
         check_len("q_norm", qn.len(), Some(d))?;
         check_len("k_norm", kn.len(), Some(d))?;
     }
-    let widen = |v: &[P]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
+    let widen = |v: &[N]| -> Vec<f32> { v.iter().map(|x| x.to_f32()).collect() };
     let (norm1, norm2) = (widen(w.input_norm), widen(w.post_norm));
     let qk_norm = w.qk_norm.map(|[a, b]| [widen(a), widen(b)]);
     let bias = w.qkv_bias.map(|[a, b, c]| [widen(a), widen(b), widen(c)]);
@@ -453,11 +454,13 @@ pub(crate) fn decoder_layer_cpu(
     CACHE_COPIES.fetch_add(copied_caches as u64, Ordering::Relaxed);
     run_entry(Kernel::DecoderLayer, || {
         let pk = FloatKind::from_code(spec.params_dtype)?;
-        with_float!(pk, P => run::<P>(spec, quant, offsets, capacities, inputs, outputs))
+        let nk = FloatKind::from_code(spec.norms_dtype)?;
+        with_float!(pk, P => with_float!(nk, N =>
+            run::<P, N>(spec, quant, offsets, capacities, inputs, outputs)))
     })
 }
 
-fn run<P: Element>(
+fn run<P: Element, N: Element>(
     spec: &DecoderLayerSpec,
     quant: &[i32],
     offsets: &[i32],
@@ -473,8 +476,8 @@ fn run<P: Element>(
         next: 0,
     };
     let x = ins.typed::<f32>("x")?;
-    let input_norm = ins.typed::<P>("input_norm")?;
-    let post_norm = ins.typed::<P>("post_norm")?;
+    let input_norm = ins.typed::<N>("input_norm")?;
+    let post_norm = ins.typed::<N>("post_norm")?;
     let mut proj = Vec::with_capacity(PROJECTIONS.len());
     for (i, name) in PROJECTIONS.iter().enumerate() {
         let (bits, group) = (quant[2 * i], quant[2 * i + 1]);
@@ -496,7 +499,7 @@ fn run<P: Element>(
         .map_err(|_| KernelError::Shape("projection count".into()))?;
     let qkv_bias = if spec.has_qkv_bias {
         Some([
-            ins.typed::<P>("q_bias")?,
+            ins.typed::<N>("q_bias")?,
             ins.typed("k_bias")?,
             ins.typed("v_bias")?,
         ])
@@ -504,7 +507,7 @@ fn run<P: Element>(
         None
     };
     let qk_norm = if spec.has_qk_norm {
-        Some([ins.typed::<P>("q_norm")?, ins.typed("k_norm")?])
+        Some([ins.typed::<N>("q_norm")?, ins.typed("k_norm")?])
     } else {
         None
     };

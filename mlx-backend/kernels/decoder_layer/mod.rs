@@ -76,16 +76,20 @@ pub struct DecoderLayer<'a> {
 }
 
 impl DecoderLayer<'_> {
-    /// The float parameters that must share the kernel's dtype.
-    fn float_params(&self) -> Vec<&Array> {
+    /// The norm weights and q/k/v biases, which share one dtype.
+    fn norm_params(&self) -> Vec<&Array> {
         let mut all = vec![self.input_norm, self.post_norm];
-        for p in self.projections {
-            all.push(&p.scales);
-            all.push(&p.biases);
-        }
         all.extend(self.qkv_bias.iter().flatten());
         all.extend(self.qk_norm.iter().flatten());
         all
+    }
+
+    /// The projections' scales and biases, which share one dtype.
+    fn quant_params(&self) -> Vec<&Array> {
+        self.projections
+            .iter()
+            .flat_map(|p| [&p.scales, &p.biases])
+            .collect()
     }
 
     /// The Primitive's parameter inputs, in the kernel's order.
@@ -107,10 +111,16 @@ pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackR
     if !on_cpu() {
         return Err(FallbackReason::NoKernelForDevice);
     }
-    let pt = layer.input_norm.dtype();
+    let float = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+    let shared = |all: Vec<&Array>| {
+        let d = all[0].dtype();
+        (float(d) && all.iter().all(|a| a.dtype() == d)).then_some(d)
+    };
+    // Norms and scales may differ (f32 norms with f16 scales: the GGUF
+    // layout with f32 activations); within each group one dtype.
     if x_dtype != Dtype::F32
-        || !matches!(pt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
-        || layer.float_params().iter().any(|a| a.dtype() != pt)
+        || shared(layer.norm_params()).is_none()
+        || shared(layer.quant_params()).is_none()
         || layer.rope.freqs.is_some_and(|f| f.dtype() != Dtype::F32)
     {
         return Err(FallbackReason::UnsupportedDtype);
@@ -186,6 +196,7 @@ pub fn decoder_layer(
         has_qk_norm: layer.qk_norm.is_some(),
         activations: layer.activations.code(),
         params_dtype: 0,
+        norms_dtype: 0,
     };
     let quant: Vec<i32> = layer
         .projections
