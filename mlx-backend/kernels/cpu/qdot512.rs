@@ -497,6 +497,9 @@ mod tests {
         }
     }
 
+    /// Single-thread speed at the default model's shapes (f16 scales and
+    /// biases, as loaded), against the previous AVX2 body (two weight rows
+    /// per pass, one x row):
     /// `cargo test --release --lib qdot512::tests::speed -- --ignored --nocapture`
     #[test]
     #[ignore]
@@ -505,19 +508,19 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(5);
-        for (m, n, k, bits) in [
-            (1, 1536, 576, 4),
-            (1, 576, 1536, 4),
-            (1, 8192, 576, 8),
-            (1, 65536, 576, 4),
-            (1, 65536, 576, 8),
-            (8, 1536, 576, 4),
-            (64, 1536, 576, 4),
+        for (what, m, n, k, bits) in [
+            ("q/o proj", 1, 576, 576, 4),
+            ("k/v proj", 1, 192, 576, 4),
+            ("gate/up", 1, 1536, 576, 4),
+            ("down", 1, 576, 1536, 4),
+            ("lm_head", 1, 49152, 576, 8),
+            ("gate/up x8", 8, 1536, 576, 4),
+            ("gate/up x64", 64, 1536, 576, 4),
         ] {
             let lay = Layout::new(bits, 32, n, k).unwrap();
             let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-            let s: Vec<f32> = rng.elems(n * lay.groups_per_row, 0.01);
-            let b: Vec<f32> = rng.elems(n * lay.groups_per_row, 0.1);
+            let s: Vec<half::f16> = rng.elems(n * lay.groups_per_row, 0.01);
+            let b: Vec<half::f16> = rng.elems(n * lay.groups_per_row, 0.1);
             let x: Vec<f32> = rng.elems(m * k, 1.0);
             let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
             let px = PreparedX::new(x.chunks_exact(k), &lay);
@@ -532,7 +535,6 @@ mod tests {
                 dot_rows(&px, 0..m, &wv, 0..n, &mut out, st);
             }
             let secs = t.elapsed().as_secs_f64() / reps as f64;
-            // The AVX2 body (8 lanes, two weight rows per pass), one x row.
             let px8 = PreparedX::with_lanes(x.chunks_exact(k).take(1), &lay, 8);
             let t = std::time::Instant::now();
             let mut sink = 0.0;
@@ -549,10 +551,13 @@ mod tests {
                 }
             }
             let old = t.elapsed().as_secs_f64() / reps as f64;
+            let bytes = (w.len() * 4 + (s.len() + b.len()) * 2) as f64;
             println!(
-                "m={m} n={n} k={k} bits={bits}: {:.1} us, {:.2} GMAC/s (AVX2 qdot2 {:.2}) {sink:e}",
+                "{what:12} m={m:2} n={n:5} k={k:4} {bits}-bit: {:8.1} us, {:5.1} GMAC/s, \
+                 {:5.1} GB/s of weights+params; AVX2 two-row body {:5.1} GMAC/s ({sink:.0e})",
                 secs * 1e6,
                 (m * n * k) as f64 / secs / 1e9,
+                bytes / secs / 1e9,
                 (m * n * k) as f64 / old / 1e9,
             );
         }
