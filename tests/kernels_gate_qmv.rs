@@ -2,9 +2,9 @@
 
 mod kernels_common;
 
-use kernels_common::{indices, norm_rel_err, normal};
+use kernels_common::{indices, norm_rel_err, normal, quantized_weights as weights, upcast};
 use mlx_backend::kernels::{gate_qmv_silu_mul, gather_gate_qmv_silu_mul, registry, Kernel};
-use mlx_backend::ops::{quantize, Quantized};
+use mlx_backend::ops::Quantized;
 use mlx_backend::{Array, Dtype};
 
 fn tolerance(dtype: Dtype) -> f64 {
@@ -12,28 +12,6 @@ fn tolerance(dtype: Dtype) -> f64 {
         Dtype::BF16 => 2e-2,
         Dtype::F16 => 5e-3,
         _ => 1e-4,
-    }
-}
-
-fn weights(
-    lead: &[i32],
-    n: i32,
-    k: i32,
-    dtype: Dtype,
-    bits: i32,
-    group: i32,
-    seed: u64,
-) -> Quantized {
-    let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
-    quantize(&normal(&shape, dtype, 0.0, 0.05, seed), group, bits).unwrap()
-}
-
-/// The same quantized weights with f32 scales and biases.
-fn upcast(q: &Quantized) -> Quantized {
-    Quantized {
-        scales: q.scales.astype(Dtype::F32).unwrap(),
-        biases: q.biases.astype(Dtype::F32).unwrap(),
-        ..q.clone()
     }
 }
 

@@ -5,12 +5,12 @@
 
 mod kernels_common;
 
-use kernels_common::{indices, norm_rel_err, normal};
+use kernels_common::{indices, norm_rel_err, normal, quantized_weights as weights, upcast};
 use mlx_backend::kernels::{
     gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul_with, quantized_matmul_with, registry,
     ActivationPrecision, Kernel,
 };
-use mlx_backend::ops::{quantize, Quantized};
+use mlx_backend::ops::Quantized;
 use mlx_backend::{Array, Dtype};
 
 const EXACT: ActivationPrecision = ActivationPrecision::Exact;
@@ -30,27 +30,6 @@ fn tolerance(dtype: Dtype, gated: bool) -> f64 {
 
 /// The int8 result may not equal the exact one: a lower bound on their gap.
 const MIN_GAP: f64 = 1e-4;
-
-fn weights(
-    lead: &[i32],
-    n: i32,
-    k: i32,
-    dtype: Dtype,
-    bits: i32,
-    group: i32,
-    seed: u64,
-) -> Quantized {
-    let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
-    quantize(&normal(&shape, dtype, 0.0, 0.05, seed), group, bits).unwrap()
-}
-
-fn upcast(q: &Quantized) -> Quantized {
-    Quantized {
-        scales: q.scales.astype(Dtype::F32).unwrap(),
-        biases: q.biases.astype(Dtype::F32).unwrap(),
-        ..q.clone()
-    }
-}
 
 fn check(what: &str, int8: &Array, exact: &Array, want: &Array, tol: f64) {
     assert_eq!(int8.shape(), want.shape(), "{what}");

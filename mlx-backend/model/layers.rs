@@ -139,18 +139,12 @@ impl Embedding {
             Embedding::Dense(w) => w.take(ids, 0),
             Embedding::Quantized(q, _, dtype) => {
                 // Only the looked-up rows' scales are widened (to the
-                // activations' dtype), so dequantization runs in it.
-                let widen = |a: Array| -> Result<Array, OpError> {
-                    if a.dtype() == *dtype {
-                        Ok(a)
-                    } else {
-                        a.astype(*dtype)
-                    }
-                };
+                // activations' dtype; a no-op when equal), so dequantization
+                // runs in it.
                 Quantized {
                     weight: q.weight.take(ids, 0)?,
-                    scales: widen(q.scales.take(ids, 0)?)?,
-                    biases: widen(q.biases.take(ids, 0)?)?,
+                    scales: q.scales.take(ids, 0)?.astype(*dtype)?,
+                    biases: q.biases.take(ids, 0)?.astype(*dtype)?,
                     group_size: q.group_size,
                     bits: q.bits,
                 }

@@ -1,7 +1,7 @@
 //! Helpers shared by the kernels_* integration tests.
 #![allow(dead_code)]
 
-use mlx_backend::ops::random;
+use mlx_backend::ops::{quantize, random, Quantized};
 use mlx_backend::{Array, Dtype};
 
 /// Fresh normal(loc, scale) data in `dtype` from an explicit seed.
@@ -55,4 +55,27 @@ pub fn bits(a: &Array) -> Vec<u32> {
         .iter()
         .map(|v| v.to_bits())
         .collect()
+}
+
+/// Random weights `[..lead, n, k]` (normal, scale 0.05) in `dtype`, quantized.
+pub fn quantized_weights(
+    lead: &[i32],
+    n: i32,
+    k: i32,
+    dtype: Dtype,
+    bits: i32,
+    group: i32,
+    seed: u64,
+) -> Quantized {
+    let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
+    quantize(&normal(&shape, dtype, 0.0, 0.05, seed), group, bits).unwrap()
+}
+
+/// The same quantized weights with f32 scales and biases.
+pub fn upcast(q: &Quantized) -> Quantized {
+    Quantized {
+        scales: q.scales.astype(Dtype::F32).unwrap(),
+        biases: q.biases.astype(Dtype::F32).unwrap(),
+        ..q.clone()
+    }
 }

@@ -81,6 +81,29 @@ macro_rules! with_float {
 }
 pub(crate) use with_float;
 
+/// Runs `body(c, chunk, scratch)` over `dst` in chunks of `chunk_len`
+/// (chunk `c` starts at element `c * chunk_len`): across rayon tasks, each
+/// with its own `init()` scratch, when `parallel`; in order otherwise.
+pub(crate) fn for_chunks<T: Send, B>(
+    dst: &mut [T],
+    chunk_len: usize,
+    parallel: bool,
+    init: impl Fn() -> B + Sync + Send,
+    body: impl Fn(usize, &mut [T], &mut B) + Sync + Send,
+) {
+    use rayon::prelude::*;
+    if parallel {
+        dst.par_chunks_mut(chunk_len)
+            .enumerate()
+            .for_each_init(&init, |buf, (c, chunk)| body(c, chunk, buf));
+    } else {
+        let mut buf = init();
+        for (c, chunk) in dst.chunks_mut(chunk_len).enumerate() {
+            body(c, chunk, &mut buf);
+        }
+    }
+}
+
 /// Runs one kernel invocation for C++: a panic or an error never crosses the
 /// FFI boundary; it is recorded in the registry and reported as `false`.
 pub(crate) fn run_entry(kernel: Kernel, body: impl FnOnce() -> Result<(), KernelError>) -> bool {

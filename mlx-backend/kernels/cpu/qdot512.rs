@@ -46,6 +46,12 @@ pub(crate) struct OutStrides {
     pub(crate) w_stride: usize,
 }
 
+impl OutStrides {
+    pub(crate) const fn with_x_stride(self, x_stride: usize) -> OutStrides {
+        OutStrides { x_stride, ..self }
+    }
+}
+
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for every prepared x
 /// row `i` in `xrows` and weight row `r` in `rows`.
 ///
@@ -194,37 +200,54 @@ mod x86 {
         out: &mut [f32],
         st: OutStrides,
     ) -> usize {
-        let lay = &w.lay;
-        let (k, words, groups) = (lay.k, lay.words_per_row, lay.groups_per_row);
+        let (k, groups) = (w.lay.k, w.lay.groups_per_row);
         let x: [&[f32]; MR] = std::array::from_fn(|i| &px.perm[(i0 + i) * k..][..k]);
         let gs: [&[f32]; MR] =
             std::array::from_fn(|i| &px.group_sums[(i0 + i) * groups..][..groups]);
         let i0 = i0 - xrows.start;
         let mut r = tile.start;
         while r < tile.end {
-            let n = if tile.end - r >= NR { NR } else { 1 };
-            let j0 = r - tile.start;
-            if n == NR {
-                let wr: [&[u32]; NR] = std::array::from_fn(|n| &w.w[(r + n) * words..][..words]);
-                let pr: [(&[f32], &[f32]); NR] = std::array::from_fn(|n| params.row(j0 + n));
-                // SAFETY: the slices above hold whole rows of W, x and params.
-                let d = unsafe { kernel::<BITS, MR, NR>(lay, wr, pr, x, gs) };
-                for (i, row) in d.iter().enumerate() {
-                    for (n, v) in row.iter().enumerate() {
-                        out[(i0 + i) * st.x_stride + (r + n - first) * st.w_stride] = *v;
-                    }
+            let j = r - tile.start;
+            // SAFETY (both): `x` and `gs` hold whole rows; the caller bounded W and out.
+            r += if tile.end - r >= NR {
+                unsafe {
+                    weight_rows::<P, BITS, MR, NR>(w, params, r, j, x, gs, i0, first, out, st)
                 }
             } else {
-                let wr = [&w.w[r * words..][..words]];
-                // SAFETY: as above.
-                let d = unsafe { kernel::<BITS, MR, 1>(lay, wr, [params.row(j0)], x, gs) };
-                for (i, row) in d.iter().enumerate() {
-                    out[(i0 + i) * st.x_stride + (r - first) * st.w_stride] = row[0];
-                }
-            }
-            r += n;
+                unsafe { weight_rows::<P, BITS, MR, 1>(w, params, r, j, x, gs, i0, first, out, st) }
+            };
         }
         MR
+    }
+
+    /// Weight rows `r..r + NR` (tile row `j` on) against the MR x rows,
+    /// stored at output x row `i0` on. Returns NR.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn weight_rows<P: Element, const BITS: u32, const MR: usize, const NR: usize>(
+        w: &QView<P>,
+        params: &TileParams,
+        r: usize,
+        j: usize,
+        x: [&[f32]; MR],
+        gs: [&[f32]; MR],
+        i0: usize,
+        first: usize,
+        out: &mut [f32],
+        st: OutStrides,
+    ) -> usize {
+        let words = w.lay.words_per_row;
+        let wr: [&[u32]; NR] = std::array::from_fn(|n| &w.w[(r + n) * words..][..words]);
+        let pr: [(&[f32], &[f32]); NR] = std::array::from_fn(|n| params.row(j + n));
+        // SAFETY: the slices above hold whole rows of W and of its params.
+        let d = unsafe { kernel::<BITS, MR, NR>(&w.lay, wr, pr, x, gs) };
+        for (i, row) in d.iter().enumerate() {
+            for (n, v) in row.iter().enumerate() {
+                out[(i0 + i) * st.x_stride + (r + n - first) * st.w_stride] = *v;
+            }
+        }
+        NR
     }
 
     /// Value `v` of each of the 16 words, as f32.
@@ -434,13 +457,26 @@ mod tests {
         w.scales[g].to_f32() as f64 * q as f64 + w.biases[g].to_f32() as f64
     }
 
+    /// A random `[n, k]` matrix (packed words, scales, biases) and `m` x rows.
+    #[allow(clippy::type_complexity)]
+    fn random<P: Element>(
+        rng: &mut Rng,
+        (m, n, k): (usize, usize, usize),
+        lay: &Layout,
+    ) -> (Vec<u32>, Vec<P>, Vec<P>, Vec<f32>) {
+        let max_q = ((1u32 << lay.bits) - 1) as f32;
+        let groups = n * lay.groups_per_row;
+        (
+            (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect(),
+            rng.elems(groups, 0.3 / max_q),
+            rng.elems(groups, 0.15),
+            rng.elems(m * k, 1.0),
+        )
+    }
+
     fn case<P: Element>(rng: &mut Rng, m: usize, n: usize, k: usize, bits: u32, group: usize) {
         let lay = Layout::new(bits, group, n, k).unwrap();
-        let max_q = ((1u32 << bits) - 1) as f32;
-        let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-        let s: Vec<P> = rng.elems(n * lay.groups_per_row, 0.3 / max_q);
-        let b: Vec<P> = rng.elems(n * lay.groups_per_row, 0.15);
-        let x: Vec<f32> = rng.elems(m * k, 1.0);
+        let (w, s, b, x) = random::<P>(rng, (m, n, k), &lay);
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
         let px = PreparedX::new(x.chunks_exact(k), &lay);
         // A sub-range of x rows and of weight rows, written transposed
@@ -518,10 +554,7 @@ mod tests {
             ("gate/up x64", 64, 1536, 576, 4),
         ] {
             let lay = Layout::new(bits, 32, n, k).unwrap();
-            let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-            let s: Vec<half::f16> = rng.elems(n * lay.groups_per_row, 0.01);
-            let b: Vec<half::f16> = rng.elems(n * lay.groups_per_row, 0.1);
-            let x: Vec<f32> = rng.elems(m * k, 1.0);
+            let (w, s, b, x) = random::<half::f16>(&mut rng, (m, n, k), &lay);
             let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
             let px = PreparedX::new(x.chunks_exact(k), &lay);
             let mut out = vec![0.0f32; m * n];

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::cpu::{for_chunks, run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
@@ -73,8 +73,8 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
     }
     let px = Prepared::new(x.chunks_exact(k), &lay, int8);
     if let Prepared::Exact(p) = &px {
-        if p.lanes == 16 && m > 1 {
-            rows_512(p, &gv, &uv, out);
+        if p.lanes == 16 {
+            dense_512(p, &gv, &uv, out);
             return Ok(());
         }
     }
@@ -246,9 +246,7 @@ fn project_rows_int8<T: Element, P: Element>(
         Ok::<(), KernelError>(())
     };
     let new_bufs = || (vec![0.0f32; TILE_N * m], vec![0.0f32; TILE_N * m]);
-    if m.saturating_mul(gate.lay.n).saturating_mul(gate.lay.k) > PAR_MIN_MACS
-        && !crate::kernels::cpu::team::in_team()
-    {
+    if worth_splitting(m, gate.lay.n, gate.lay.k) {
         dst.par_chunks_mut(TILE_N * m)
             .enumerate()
             .try_for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs))
@@ -273,8 +271,8 @@ fn project_rows_exact<T: Element, P: Element>(
     let avx = simd::has_avx2_f16c();
     let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
         if px.lanes == 16 {
-            // AVX-512: gate and up tiles from the register-blocked kernel;
-            // `chunk` is `[rows][m]` (transposed).
+            // AVX-512 (the expert-indexed form; the dense one takes
+            // `dense_512`): `chunk` is `[rows][m]` (transposed).
             let rows = first..first + chunk.len() / m;
             let (g, u) = (&mut bufs.0[..chunk.len()], &mut bufs.1[..chunk.len()]);
             let strides = OutStrides {
@@ -314,9 +312,7 @@ fn project_rows_exact<T: Element, P: Element>(
         };
         (vec![0.0f32; len], vec![0.0f32; len])
     };
-    if m.saturating_mul(lay.n).saturating_mul(k) > PAR_MIN_MACS
-        && !crate::kernels::cpu::team::in_team()
-    {
+    if worth_splitting(m, lay.n, k) {
         dst.par_chunks_mut(TILE_N * m)
             .enumerate()
             .for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs));
@@ -328,37 +324,57 @@ fn project_rows_exact<T: Element, P: Element>(
     }
 }
 
-/// Several x rows on the AVX-512 kernel: chunks of x rows (rayon tasks
-/// when large), each against all of gate and up, so `out` stays row-major.
-fn rows_512<T: Element, P: Element>(px: &PreparedX, gate: &QView<P>, up: &QView<P>, out: &mut [T]) {
+/// The dense form on the AVX-512 kernel, `out` row-major in place: one x
+/// row in chunks of output columns (the whole row unless split over
+/// threads), several in chunks of x rows, each against all of gate and up.
+fn dense_512<T: Element, P: Element>(
+    px: &PreparedX,
+    gate: &QView<P>,
+    up: &QView<P>,
+    out: &mut [T],
+) {
     let (m, n) = (px.rows, gate.lay.n);
-    let chunk_rows = X_CHUNK.min(m.div_ceil(2));
-    let strides = OutStrides {
-        x_stride: n,
-        w_stride: 1,
+    let parallel = worth_splitting(m, n, gate.lay.k);
+    let (chunk_len, rows_per_chunk) = if m == 1 {
+        (if parallel { TILE_N } else { n }, 1)
+    } else {
+        let rows = X_CHUNK.min(m.div_ceil(2));
+        (rows * n, rows)
     };
     let body = |c: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
-        let xrows = c * chunk_rows..c * chunk_rows + chunk.len() / n;
         bufs.0.resize(chunk.len(), 0.0);
         bufs.1.resize(chunk.len(), 0.0);
-        qdot512::dot_rows(px, xrows.clone(), gate, 0..n, &mut bufs.0, strides);
-        qdot512::dot_rows(px, xrows, up, 0..n, &mut bufs.1, strides);
+        let (xrows, cols, strides) = if m == 1 {
+            let cols = c * chunk_len..c * chunk_len + chunk.len();
+            (
+                0..1,
+                cols,
+                OutStrides {
+                    x_stride: 0,
+                    w_stride: 1,
+                },
+            )
+        } else {
+            let first = c * rows_per_chunk;
+            let strides = OutStrides {
+                x_stride: n,
+                w_stride: 1,
+            };
+            (first..first + chunk.len() / n, 0..n, strides)
+        };
+        qdot512::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
+        qdot512::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
         for ((o, g), u) in chunk.iter_mut().zip(&bufs.0).zip(&bufs.1) {
             *o = swiglu(*g, *u);
         }
     };
-    if m.saturating_mul(n).saturating_mul(gate.lay.k) > PAR_MIN_MACS
-        && !crate::kernels::cpu::team::in_team()
-    {
-        out.par_chunks_mut(chunk_rows * n)
-            .enumerate()
-            .for_each_init(Default::default, |bufs, (c, chunk)| body(c, chunk, bufs));
-    } else {
-        let mut bufs = Default::default();
-        for (c, chunk) in out.chunks_mut(chunk_rows * n).enumerate() {
-            body(c, chunk, &mut bufs);
-        }
-    }
+    for_chunks(out, chunk_len, parallel, Default::default, body);
+}
+
+/// Whether `m · n · k` multiply-adds are worth rayon tasks (never inside a
+/// CPU team member, which stays on its thread).
+fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
+    m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !crate::kernels::cpu::team::in_team()
 }
 
 /// MLX's unfused rounding: g, u, sigmoid(g), g*sigmoid(g) and the product

@@ -24,7 +24,7 @@ use crate::kernels::cpu::quant::{
 };
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team::SharedSlice;
-use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::cpu::{for_chunks, run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 pub use crate::kernels::cpu::quant::QuantMatrix;
@@ -33,7 +33,7 @@ pub use crate::kernels::cpu::quant::QuantMatrix;
 const PAR_MIN_MACS: usize = 1 << 19;
 /// Weight rows per tile (one rayon task; dequantized once in the tiled path).
 const TILE_N: usize = 16;
-/// One x row's outputs, consecutive.
+/// Outputs consecutive per x row (set the x stride for several rows).
 const ROW_MAJOR: OutStrides = OutStrides {
     x_stride: 0,
     w_stride: 1,
@@ -90,41 +90,29 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     }
     let px = PreparedX::new(x.chunks_exact(k), &lay);
     if px.lanes == 16 {
-        // AVX-512: one register-blocked kernel for any number of x rows.
-        if m == 1 {
-            // Tiles of output columns.
-            let new_buf = || vec![0.0f32; TILE_N];
-            let tile = |first: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
-                let buf = &mut buf[..chunk.len()];
-                let rows = first..first + chunk.len();
-                qdot512::dot_rows(&px, 0..1, &wv, rows, buf, ROW_MAJOR);
-                to_elements(buf, chunk);
-            };
-            for_tiles(out, TILE_N, parallel, new_buf, tile);
+        // AVX-512: one register-blocked kernel for any number of x rows. One
+        // row: chunks of output columns (the whole row unless split over
+        // threads). Several: chunks of x rows, each against all of W, so
+        // `out` is written row-major in place.
+        let (chunk_len, rows_per_chunk) = if m == 1 {
+            let cols = if parallel { TILE_N } else { n };
+            (cols, 1)
         } else {
-            // Chunks of x rows, each against all of W: out stays row-major.
-            let chunk_rows = X_CHUNK.min(m.div_ceil(2));
-            let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
-                let xrows = c * chunk_rows..c * chunk_rows + chunk.len() / n;
-                buf.resize(chunk.len(), 0.0);
-                let strides = OutStrides {
-                    x_stride: n,
-                    w_stride: 1,
-                };
-                qdot512::dot_rows(&px, xrows, &wv, 0..n, buf, strides);
-                to_elements(buf, chunk);
-            };
-            if parallel {
-                out.par_chunks_mut(chunk_rows * n)
-                    .enumerate()
-                    .for_each_init(Vec::new, |buf, (c, chunk)| body(c, chunk, buf));
+            let rows = X_CHUNK.min(m.div_ceil(2));
+            (rows * n, rows)
+        };
+        let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
+            buf.resize(chunk.len(), 0.0);
+            if m == 1 {
+                let cols = c * chunk_len..c * chunk_len + chunk.len();
+                qdot512::dot_rows(&px, 0..1, &wv, cols, buf, ROW_MAJOR);
             } else {
-                let mut buf = Vec::new();
-                for (c, chunk) in out.chunks_mut(chunk_rows * n).enumerate() {
-                    body(c, chunk, &mut buf);
-                }
+                let xrows = c * rows_per_chunk..c * rows_per_chunk + chunk.len() / n;
+                qdot512::dot_rows(&px, xrows, &wv, 0..n, buf, ROW_MAJOR.with_x_stride(n));
             }
-        }
+            to_elements(buf, chunk);
+        };
+        for_chunks(out, chunk_len, parallel, Vec::new, body);
     } else if m == 1 {
         for_tiles(
             out,
@@ -242,16 +230,9 @@ fn for_tiles<T: Send, B>(
     init: impl Fn() -> B + Sync + Send,
     body: impl Fn(usize, &mut [T], &mut B) + Sync + Send,
 ) {
-    if parallel {
-        dst.par_chunks_mut(chunk_len)
-            .enumerate()
-            .for_each_init(&init, |buf, (c, chunk)| body(c * TILE_N, chunk, buf));
-    } else {
-        let mut buf = init();
-        for (c, chunk) in dst.chunks_mut(chunk_len).enumerate() {
-            body(c * TILE_N, chunk, &mut buf);
-        }
-    }
+    for_chunks(dst, chunk_len, parallel, init, |c, chunk, buf| {
+        body(c * TILE_N, chunk, buf)
+    });
 }
 
 /// Output rows `first..first + dst.len()` for the single x row.
