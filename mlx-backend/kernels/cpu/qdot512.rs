@@ -30,7 +30,9 @@ const TILE: usize = 16;
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -91,50 +93,9 @@ pub(crate) fn dot_rows<P: Element>(
     }
 }
 
-/// Scales and biases of a tile of weight rows as f32: borrowed when they
-/// are f32 already, widened once into `scratch` otherwise.
-struct TileParams<'a> {
-    scales: &'a [f32],
-    biases: &'a [f32],
-    groups: usize,
-}
-
-impl<'a> TileParams<'a> {
-    fn new<P: Element>(
-        w: &QView<'a, P>,
-        rows: &Range<usize>,
-        scratch: &'a mut Vec<f32>,
-    ) -> TileParams<'a> {
-        let groups = w.lay.groups_per_row;
-        let span = rows.start * groups..rows.end * groups;
-        if let (Some(s), Some(b)) = (P::as_f32(w.scales), P::as_f32(w.biases)) {
-            return TileParams {
-                scales: &s[span.clone()],
-                biases: &b[span],
-                groups,
-            };
-        }
-        let len = span.len();
-        scratch.resize(2 * len, 0.0);
-        let (s, b) = scratch.split_at_mut(len);
-        P::load_f32(&w.scales[span.clone()], s);
-        P::load_f32(&w.biases[span], b);
-        TileParams {
-            scales: s,
-            biases: b,
-            groups,
-        }
-    }
-
-    fn row(&self, j: usize) -> (&'a [f32], &'a [f32]) {
-        let g = self.groups;
-        (&self.scales[j * g..][..g], &self.biases[j * g..][..g])
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{OutStrides, PreparedX, QView, TileParams, TILE};
+    use super::{OutStrides, PreparedX, QView, TILE};
     use crate::kernels::cpu::quant::Layout;
     use crate::kernels::cpu::simd::Element;
     use std::arch::x86_64::*;
@@ -145,7 +106,7 @@ mod x86 {
 
     /// Walks tiles of weight rows and, inside each, chunks of x rows; the
     /// register block (x rows × weight rows) shrinks with the rows left.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn drive<P: Element, const BITS: u32>(
         px: &PreparedX,
         xrows: Range<usize>,
@@ -154,29 +115,23 @@ mod x86 {
         out: &mut [f32],
         st: OutStrides,
     ) {
-        let mut scratch = Vec::new();
         let mut t0 = rows.start;
         while t0 < rows.end {
             let tile = t0..rows.end.min(t0 + TILE);
-            let params = TileParams::new(w, &tile, &mut scratch);
             let mut i = xrows.start;
             while i < xrows.end {
                 let left = xrows.end - i;
                 // SAFETY (each arm): the caller checked the bounds of x, W and out.
                 i += unsafe {
                     match left {
-                        8.. => block::<P, BITS, 8, 1>(
-                            px, w, &params, &tile, i, &xrows, rows.start, out, st,
-                        ),
-                        4..=7 => block::<P, BITS, 4, 2>(
-                            px, w, &params, &tile, i, &xrows, rows.start, out, st,
-                        ),
-                        2 | 3 => block::<P, BITS, 2, 2>(
-                            px, w, &params, &tile, i, &xrows, rows.start, out, st,
-                        ),
-                        _ => block::<P, BITS, 1, 4>(
-                            px, w, &params, &tile, i, &xrows, rows.start, out, st,
-                        ),
+                        8.. => block::<P, BITS, 8, 1>(px, w, &tile, i, &xrows, rows.start, out, st),
+                        4..=7 => {
+                            block::<P, BITS, 4, 2>(px, w, &tile, i, &xrows, rows.start, out, st)
+                        }
+                        2 | 3 => {
+                            block::<P, BITS, 2, 2>(px, w, &tile, i, &xrows, rows.start, out, st)
+                        }
+                        _ => block::<P, BITS, 1, 4>(px, w, &tile, i, &xrows, rows.start, out, st),
                     }
                 };
             }
@@ -188,11 +143,10 @@ mod x86 {
     /// rows at a time (a short remainder one at a time). Returns MR.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn block<P: Element, const BITS: u32, const MR: usize, const NR: usize>(
         px: &PreparedX,
         w: &QView<P>,
-        params: &TileParams,
         tile: &Range<usize>,
         i0: usize,
         xrows: &Range<usize>,
@@ -207,29 +161,24 @@ mod x86 {
         let i0 = i0 - xrows.start;
         let mut r = tile.start;
         while r < tile.end {
-            let j = r - tile.start;
             // SAFETY (both): `x` and `gs` hold whole rows; the caller bounded W and out.
             r += if tile.end - r >= NR {
-                unsafe {
-                    weight_rows::<P, BITS, MR, NR>(w, params, r, j, x, gs, i0, first, out, st)
-                }
+                unsafe { weight_rows::<P, BITS, MR, NR>(w, r, x, gs, i0, first, out, st) }
             } else {
-                unsafe { weight_rows::<P, BITS, MR, 1>(w, params, r, j, x, gs, i0, first, out, st) }
+                unsafe { weight_rows::<P, BITS, MR, 1>(w, r, x, gs, i0, first, out, st) }
             };
         }
         MR
     }
 
-    /// Weight rows `r..r + NR` (tile row `j` on) against the MR x rows,
-    /// stored at output x row `i0` on. Returns NR.
+    /// Weight rows `r..r + NR` against the MR x rows, stored at output x
+    /// row `i0` on. Returns NR.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn weight_rows<P: Element, const BITS: u32, const MR: usize, const NR: usize>(
         w: &QView<P>,
-        params: &TileParams,
         r: usize,
-        j: usize,
         x: [&[f32]; MR],
         gs: [&[f32]; MR],
         i0: usize,
@@ -239,9 +188,12 @@ mod x86 {
     ) -> usize {
         let words = w.lay.words_per_row;
         let wr: [&[u32]; NR] = std::array::from_fn(|n| &w.w[(r + n) * words..][..words]);
-        let pr: [(&[f32], &[f32]); NR] = std::array::from_fn(|n| params.row(j + n));
+        let pr: [(&[P], &[P]); NR] = std::array::from_fn(|n| {
+            let row = w.row(r + n);
+            (row.scales, row.biases)
+        });
         // SAFETY: the slices above hold whole rows of W and of its params.
-        let d = unsafe { kernel::<BITS, MR, NR>(&w.lay, wr, pr, x, gs) };
+        let d = unsafe { kernel::<P, BITS, MR, NR>(&w.lay, wr, pr, x, gs) };
         for (i, row) in d.iter().enumerate() {
             for (n, v) in row.iter().enumerate() {
                 out[(i0 + i) * st.x_stride + (r + n - first) * st.w_stride] = *v;
@@ -252,7 +204,7 @@ mod x86 {
 
     /// Value `v` of each of the 16 words, as f32.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     fn unpack<const BITS: u32>(w: __m512i, v: usize, table: __m512) -> __m512 {
         if BITS == 4 {
             let shifted = _mm512_srlv_epi32(w, _mm512_set1_epi32(4 * v as i32));
@@ -267,13 +219,38 @@ mod x86 {
         }
     }
 
+    /// Up to 16 parameters (scales or biases, in their own dtype) from `src`
+    /// as f32; lanes outside `mask` read nothing and are zero.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load_params<P: Element>(src: *const P, mask: __mmask16) -> __m512 {
+        use std::any::TypeId;
+        // SAFETY (all): the caller's mask keeps the loads inside `src`'s slice.
+        if TypeId::of::<P>() == TypeId::of::<f32>() {
+            unsafe { _mm512_maskz_loadu_ps(mask, src.cast()) }
+        } else {
+            let halves = unsafe { _mm256_maskz_loadu_epi16(mask, src.cast()) };
+            if TypeId::of::<P>() == TypeId::of::<half::f16>() {
+                _mm512_cvtph_ps(halves)
+            } else {
+                // bf16: the upper half of an f32.
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
+            }
+        }
+    }
+
     /// 16 lanes of per-group parameters from `src[g0..g0 + groups]`, lane j
     /// taking its word's group.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn lane_params(src: &[f32], g0: usize, gmask: __mmask16, lane_group: __m512i) -> __m512 {
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn lane_params<P: Element>(
+        src: &[P],
+        g0: usize,
+        gmask: __mmask16,
+        lane_group: __m512i,
+    ) -> __m512 {
         // SAFETY: the caller's mask keeps the load inside `src`.
-        let v = unsafe { _mm512_maskz_loadu_ps(gmask, src.as_ptr().add(g0)) };
+        let v = unsafe { load_params(src.as_ptr().add(g0), gmask) };
         _mm512_permutexvar_ps(lane_group, v)
     }
 
@@ -284,10 +261,10 @@ mod x86 {
     /// The masks must keep every load inside its row (all ones for a whole block).
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn block_step<const BITS: u32, const MR: usize, const NR: usize>(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn block_step<P: Element, const BITS: u32, const MR: usize, const NR: usize>(
         w: &[&[u32]; NR],
-        params: &[(&[f32], &[f32]); NR],
+        params: &[(&[P], &[P]); NR],
         x: &[&[f32]; MR],
         b0: usize,
         lanes: usize,
@@ -348,11 +325,11 @@ mod x86 {
     /// here: they would not inherit the target features once inlined into
     /// std's helpers.
     #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn kernel<const BITS: u32, const MR: usize, const NR: usize>(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn kernel<P: Element, const BITS: u32, const MR: usize, const NR: usize>(
         lay: &Layout,
         w: [&[u32]; NR],
-        params: [(&[f32], &[f32]); NR],
+        params: [(&[P], &[P]); NR],
         x: [&[f32]; MR],
         group_sums: [&[f32]; MR],
     ) -> [[f32; NR]; MR] {
@@ -377,7 +354,7 @@ mod x86 {
             let b0 = 16 * b;
             // SAFETY: whole blocks lie inside every row.
             unsafe {
-                block_step::<BITS, MR, NR>(
+                block_step::<P, BITS, MR, NR>(
                     &w,
                     &params,
                     &x,
@@ -399,7 +376,7 @@ mod x86 {
             let groups = ((b0 + lanes - 1) >> log2) - g0 + 1;
             // SAFETY: the masks keep each load inside its row.
             unsafe {
-                block_step::<BITS, MR, NR>(
+                block_step::<P, BITS, MR, NR>(
                     &w,
                     &params,
                     &x,
@@ -422,7 +399,7 @@ mod x86 {
             let left = (groups - g).min(16);
             let gmask: __mmask16 = if left == 16 { 0xffff } else { (1 << left) - 1 };
             for n in 0..NR {
-                let z = unsafe { _mm512_maskz_loadu_ps(gmask, params[n].1.as_ptr().add(g)) };
+                let z = unsafe { load_params(params[n].1.as_ptr().add(g), gmask) };
                 for i in 0..MR {
                     let sums =
                         unsafe { _mm512_maskz_loadu_ps(gmask, group_sums[i].as_ptr().add(g)) };

@@ -17,11 +17,6 @@ pub trait Element: Lanes + Copy + Send + Sync + 'static {
             *d = s.to_f32();
         }
     }
-
-    /// The slice itself when the element is f32 (no widening needed).
-    fn as_f32(_src: &[Self]) -> Option<&[f32]> {
-        None
-    }
 }
 
 impl Element for f32 {
@@ -36,9 +31,6 @@ impl Element for f32 {
     fn load_f32(src: &[Self], dst: &mut [f32]) {
         let n = src.len().min(dst.len());
         dst[..n].copy_from_slice(&src[..n]);
-    }
-    fn as_f32(src: &[Self]) -> Option<&[f32]> {
-        Some(src)
     }
 }
 
