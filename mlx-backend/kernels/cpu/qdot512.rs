@@ -17,9 +17,54 @@ use std::ops::Range;
 use super::quant::{PreparedX, QView};
 use super::simd::Element;
 
-/// x rows per task when callers split many x rows over threads (each task
+/// x rows per task when many x rows are split over threads (each task
 /// reads all of W once).
-pub(crate) const X_CHUNK: usize = 16;
+const X_CHUNK: usize = 16;
+/// Output columns per task when one x row is split over threads.
+const COL_CHUNK: usize = 16;
+
+/// How a row-major `out [m, n]` is cut into chunks for [`dot_rows`] (one
+/// per task when split over threads): one x row by output columns, several
+/// by x rows, each chunk against all of W. Unsplit, one chunk holds it all,
+/// so the kernel's register blocks see every x row.
+#[derive(Clone, Copy)]
+pub(crate) struct RowMajorChunks {
+    m: usize,
+    n: usize,
+    /// Elements of `out` per chunk.
+    pub(crate) len: usize,
+}
+
+impl RowMajorChunks {
+    pub(crate) fn new(m: usize, n: usize, parallel: bool) -> Self {
+        let len = match (m, parallel) {
+            (_, false) => m * n,
+            (1, true) => COL_CHUNK,
+            (_, true) => X_CHUNK.min(m.div_ceil(2)) * n,
+        };
+        RowMajorChunks { m, n, len }
+    }
+
+    /// `dot_rows`' x rows, weight rows and strides for chunk `c` of `size`
+    /// elements.
+    pub(crate) fn part(&self, c: usize, size: usize) -> (Range<usize>, Range<usize>, OutStrides) {
+        let first = c * self.len;
+        if self.m == 1 {
+            let strides = OutStrides {
+                x_stride: 0,
+                w_stride: 1,
+            };
+            (0..1, first..first + size, strides)
+        } else {
+            let strides = OutStrides {
+                x_stride: self.n,
+                w_stride: 1,
+            };
+            let row = first / self.n;
+            (row..row + size / self.n, 0..self.n, strides)
+        }
+    }
+}
 
 /// Weight rows converted per pass (their scales and biases widened once and
 /// reused for every chunk of x rows).
@@ -46,12 +91,6 @@ pub(crate) fn available() -> bool {
 pub(crate) struct OutStrides {
     pub(crate) x_stride: usize,
     pub(crate) w_stride: usize,
-}
-
-impl OutStrides {
-    pub(crate) const fn with_x_stride(self, x_stride: usize) -> OutStrides {
-        OutStrides { x_stride, ..self }
-    }
 }
 
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for every prepared x

@@ -13,7 +13,7 @@ use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::int8::tier_for_code;
-use crate::kernels::cpu::qdot512::{self, OutStrides, X_CHUNK};
+use crate::kernels::cpu::qdot512::{self, OutStrides, RowMajorChunks};
 pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
@@ -324,9 +324,8 @@ fn project_rows_exact<T: Element, P: Element>(
     }
 }
 
-/// The dense form on the AVX-512 kernel, `out` row-major in place: one x
-/// row in chunks of output columns (the whole row unless split over
-/// threads), several in chunks of x rows, each against all of gate and up.
+/// The dense form on the AVX-512 kernel, `out` row-major in place (chunks
+/// as [`RowMajorChunks`] cuts them).
 fn dense_512<T: Element, P: Element>(
     px: &PreparedX,
     gate: &QView<P>,
@@ -335,40 +334,18 @@ fn dense_512<T: Element, P: Element>(
 ) {
     let (m, n) = (px.rows, gate.lay.n);
     let parallel = worth_splitting(m, n, gate.lay.k);
-    let (chunk_len, rows_per_chunk) = if m == 1 {
-        (if parallel { TILE_N } else { n }, 1)
-    } else {
-        let rows = X_CHUNK.min(m.div_ceil(2));
-        (rows * n, rows)
-    };
+    let chunks = RowMajorChunks::new(m, n, parallel);
     let body = |c: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
         bufs.0.resize(chunk.len(), 0.0);
         bufs.1.resize(chunk.len(), 0.0);
-        let (xrows, cols, strides) = if m == 1 {
-            let cols = c * chunk_len..c * chunk_len + chunk.len();
-            (
-                0..1,
-                cols,
-                OutStrides {
-                    x_stride: 0,
-                    w_stride: 1,
-                },
-            )
-        } else {
-            let first = c * rows_per_chunk;
-            let strides = OutStrides {
-                x_stride: n,
-                w_stride: 1,
-            };
-            (first..first + chunk.len() / n, 0..n, strides)
-        };
+        let (xrows, cols, strides) = chunks.part(c, chunk.len());
         qdot512::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
         qdot512::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
         for ((o, g), u) in chunk.iter_mut().zip(&bufs.0).zip(&bufs.1) {
             *o = swiglu(*g, *u);
         }
     };
-    for_chunks(out, chunk_len, parallel, Default::default, body);
+    for_chunks(out, chunks.len, parallel, Default::default, body);
 }
 
 /// Whether `m · n · k` multiply-adds are worth rayon tasks (never inside a

@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::int8::tier_for_code;
-use crate::kernels::cpu::qdot512::{self, OutStrides, X_CHUNK};
+use crate::kernels::cpu::qdot512::{self, RowMajorChunks};
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
     PreparedX, Q8Activations, QView,
@@ -33,11 +33,6 @@ pub use crate::kernels::cpu::quant::QuantMatrix;
 const PAR_MIN_MACS: usize = 1 << 19;
 /// Weight rows per tile (one rayon task; dequantized once in the tiled path).
 const TILE_N: usize = 16;
-/// Outputs consecutive per x row (set the x stride for several rows).
-const ROW_MAJOR: OutStrides = OutStrides {
-    x_stride: 0,
-    w_stride: 1,
-};
 
 /// f32 results into T.
 fn to_elements<T: Element>(src: &[f32], dst: &mut [T]) {
@@ -90,29 +85,16 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     }
     let px = PreparedX::new(x.chunks_exact(k), &lay);
     if px.lanes == 16 {
-        // AVX-512: one register-blocked kernel for any number of x rows. One
-        // row: chunks of output columns (the whole row unless split over
-        // threads). Several: chunks of x rows, each against all of W, so
-        // `out` is written row-major in place.
-        let (chunk_len, rows_per_chunk) = if m == 1 {
-            let cols = if parallel { TILE_N } else { n };
-            (cols, 1)
-        } else {
-            let rows = X_CHUNK.min(m.div_ceil(2));
-            (rows * n, rows)
-        };
+        // AVX-512: one register-blocked kernel for any number of x rows,
+        // `out` written row-major in place.
+        let chunks = RowMajorChunks::new(m, n, parallel);
         let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
             buf.resize(chunk.len(), 0.0);
-            if m == 1 {
-                let cols = c * chunk_len..c * chunk_len + chunk.len();
-                qdot512::dot_rows(&px, 0..1, &wv, cols, buf, ROW_MAJOR);
-            } else {
-                let xrows = c * rows_per_chunk..c * rows_per_chunk + chunk.len() / n;
-                qdot512::dot_rows(&px, xrows, &wv, 0..n, buf, ROW_MAJOR.with_x_stride(n));
-            }
+            let (xrows, cols, strides) = chunks.part(c, chunk.len());
+            qdot512::dot_rows(&px, xrows, &wv, cols, buf, strides);
             to_elements(buf, chunk);
         };
-        for_chunks(out, chunk_len, parallel, Vec::new, body);
+        for_chunks(out, chunks.len, parallel, Vec::new, body);
     } else if m == 1 {
         for_tiles(
             out,
