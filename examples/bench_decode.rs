@@ -3,10 +3,10 @@
 //! `decoder_layer` kernel on and off (off: the blocks run op by op, with the
 //! other kernels), in the file's dtype and in f32.
 //!
-//! `cargo run --release --example bench_decode [path.gguf] [file|f32|int8] [on|off]`
+//! `cargo run --release --example bench_decode [path.gguf] [file|f32|int16|int8] [on|off]`
 //! (the optional arguments run one load mode / one kernel setting only:
-//! `file` the checkpoint's dtypes, `f32` f32 activations, `int8` f32 with
-//! int8-activation dot products).
+//! `file` the checkpoint's dtypes, `f32` f32 activations with exact dot
+//! products, `int16` / `int8` f32 with int16- / int8-activation dot products).
 
 use mlx_backend::kernels::{registry, ActivationPrecision, Kernel};
 use mlx_backend::model::{self, LoadOptions, Logits, Transformer};
@@ -54,11 +54,13 @@ fn main() -> anyhow::Result<()> {
     for (dtype, activations) in [
         (None, ActivationPrecision::Exact),
         (Some(Dtype::F32), ActivationPrecision::Exact),
+        (Some(Dtype::F32), ActivationPrecision::Int16),
         (Some(Dtype::F32), ActivationPrecision::Int8),
     ] {
         let name = match (dtype, activations) {
             (None, _) => "file",
             (_, ActivationPrecision::Exact) => "f32",
+            (_, ActivationPrecision::Int16) => "int16",
             (_, ActivationPrecision::Int8) => "int8",
         };
         if only.as_deref().is_some_and(|o| o != name) {

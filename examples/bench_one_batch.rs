@@ -8,9 +8,10 @@
 //! ratios.
 //!
 //! ```sh
-//! cargo run --release --example bench_one_batch -- --prefill 32,256,512 --decode-batch 1,4,8,16 [--activations int8]
+//! cargo run --release --example bench_one_batch -- --prefill 32,256,512 --decode-batch 1,4,8,16 [--activations exact|int16|int8]
 //! ```
 
+use mlx_backend::kernels::ActivationPrecision;
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
     ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
@@ -28,8 +29,9 @@ struct Args {
     repeats: usize,
     threads: usize,
     peers: bool,
-    /// Int8 activations in the quantized kernels (`--activations int8`).
-    int8: bool,
+    /// The quantized kernels' activation precision (`--activations`;
+    /// default: `LoadOptions::for_device`'s).
+    activations: Option<ActivationPrecision>,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -45,7 +47,7 @@ fn parse_args() -> Args {
         repeats: 3,
         threads: 2,
         peers: true,
-        int8: false,
+        activations: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,11 +61,12 @@ fn parse_args() -> Args {
             "--threads" => a.threads = value().parse().expect("a number"),
             "--no-peers" => a.peers = false,
             "--activations" => {
-                a.int8 = match value().as_str() {
-                    "int8" => true,
-                    "exact" => false,
-                    other => panic!("--activations takes exact or int8, not {other}"),
-                }
+                a.activations = Some(match value().as_str() {
+                    "exact" => ActivationPrecision::Exact,
+                    "int16" => ActivationPrecision::Int16,
+                    "int8" => ActivationPrecision::Int8,
+                    other => panic!("--activations takes exact, int16 or int8, not {other}"),
+                })
             }
             other => panic!("unknown argument {other}"),
         }
@@ -269,8 +272,8 @@ fn main() {
         .num_threads(a.threads)
         .build_global();
     let mut options = LoadOptions::for_device(mlx_backend::Stream::current().device());
-    if a.int8 {
-        options.activations = mlx_backend::kernels::ActivationPrecision::Int8;
+    if let Some(activations) = a.activations {
+        options.activations = activations;
     }
     let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default()).expect("load");
     let ours = bench_ours(&mut runner, &a);
@@ -306,7 +309,7 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         flags.join(" "),
         a.threads,
-        if a.int8 { "int8" } else { "exact" }
+        format!("{:?}", options.activations).to_lowercase()
     );
     let mut header = String::from("| workload | mlx-backend |");
     let mut rule = String::from("| --- | --- |");

@@ -11,6 +11,43 @@ pub(crate) mod team;
 
 pub(crate) use error::KernelError;
 
+/// How a quantized CPU kernel computes with x: the `ActivationPrecision`
+/// code the C++ Primitive passes, resolved for this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum XPrecision {
+    /// f32 x, FMA.
+    Exact,
+    /// int16 x per word of W where AVX-512 VNNI runs (exact elsewhere).
+    Int16,
+    /// int8 x per block of 32 on the given tier.
+    Int8(int8::Int8Tier),
+}
+
+impl XPrecision {
+    pub(crate) fn from_code(code: i32) -> Result<Self, KernelError> {
+        use crate::kernels::ActivationPrecision as A;
+        match A::from_code(code) {
+            Some(A::Exact) => Ok(XPrecision::Exact),
+            Some(A::Int16) => Ok(XPrecision::Int16),
+            Some(A::Int8) => Ok(XPrecision::Int8(int8::Int8Tier::best())),
+            None => Err(KernelError::Unsupported(format!(
+                "activation precision code {code}"
+            ))),
+        }
+    }
+
+    pub(crate) fn int8(self) -> Option<int8::Int8Tier> {
+        match self {
+            XPrecision::Int8(tier) => Some(tier),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn int16(self) -> bool {
+        self == XPrecision::Int16
+    }
+}
+
 use crate::dtype::Dtype;
 use crate::kernels::registry::{self, Kernel};
 

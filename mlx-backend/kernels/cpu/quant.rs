@@ -168,32 +168,55 @@ impl<'a, T: Element> QView<'a, T> {
 }
 
 /// x rows converted to f32 in block order, plus per-group sums of x
-/// (the bias contribution is `bias * sum(x over the group)`).
+/// (the bias contribution is `bias * sum(x over the group)`); or, for
+/// `ActivationPrecision::Int16` on the AVX-512 kernel, x as int16 pairs.
 pub(crate) struct PreparedX {
+    /// f32 x in block order (empty when `int16` holds x).
     pub(crate) perm: Vec<f32>,
     pub(crate) group_sums: Vec<f32>,
     pub(crate) rows: usize,
     /// Words per block: 16 for [`super::qdot512`], 8 for the AVX2 and
     /// scalar bodies here.
     pub(crate) lanes: usize,
+    /// x quantized to int16 per word of W (see [`super::qdot512::Int16Rows`]).
+    pub(crate) int16: Option<super::qdot512::Int16Rows>,
 }
 
 impl PreparedX {
-    /// Block order for the widest kernel this CPU runs.
-    pub(crate) fn new<'x, T: Element>(rows: impl Iterator<Item = &'x [T]>, lay: &Layout) -> Self {
+    /// Block order for the widest kernel this CPU runs; `int16` asks for
+    /// int16 x where that kernel has it (AVX-512 VNNI), exact f32 otherwise.
+    pub(crate) fn new<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+        int16: bool,
+    ) -> Self {
         let lanes = if super::qdot512::available() { 16 } else { 8 };
-        Self::with_lanes(rows, lay, lanes)
+        let int16 = int16 && super::qdot512::int16_available();
+        Self::build(rows, lay, lanes, int16)
     }
 
+    /// Exact f32 x in blocks of `lanes` words.
+    #[cfg(test)]
     pub(crate) fn with_lanes<'x, T: Element>(
         rows: impl Iterator<Item = &'x [T]>,
         lay: &Layout,
         lanes: usize,
     ) -> Self {
+        Self::build(rows, lay, lanes, false)
+    }
+
+    fn build<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+        lanes: usize,
+        int16: bool,
+    ) -> Self {
         let k = lay.k;
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
+        let mut x16 = int16.then(super::qdot512::Int16Rows::default);
+        let mut blocked = Vec::new();
         for row in rows {
             T::load_f32(row, &mut natural);
             group_sums.extend(
@@ -201,9 +224,16 @@ impl PreparedX {
                     .chunks_exact(lay.group_size)
                     .map(|g| g.iter().sum::<f32>()),
             );
-            let start = perm.len();
-            perm.resize(start + k, 0.0);
-            to_block_order(&natural, &mut perm[start..], vpw, lanes);
+            if let Some(x16) = &mut x16 {
+                // Block order in scratch, then rounded to int16.
+                blocked.resize(k, 0.0);
+                to_block_order(&natural, &mut blocked, vpw, lanes);
+                x16.push(&blocked, lay);
+            } else {
+                let start = perm.len();
+                perm.resize(start + k, 0.0);
+                to_block_order(&natural, &mut perm[start..], vpw, lanes);
+            }
             count += 1;
         }
         PreparedX {
@@ -211,6 +241,7 @@ impl PreparedX {
             group_sums,
             rows: count,
             lanes,
+            int16: x16,
         }
     }
 }

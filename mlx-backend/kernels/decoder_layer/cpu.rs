@@ -19,16 +19,14 @@ use std::ops::Range;
 
 use crate::ffi::DecoderLayerSpec;
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::int8::Int8Tier;
 use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team::{self, SharedSlice};
-use crate::kernels::cpu::{run_entry, with_float, FloatKind};
+use crate::kernels::cpu::{run_entry, with_float, FloatKind, XPrecision};
 use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_with;
 use crate::kernels::registry::Kernel;
 use crate::kernels::rms_norm::cpu::rms_norm;
-use crate::kernels::ActivationPrecision;
 
 /// The projections, in the order of their `(bits, group_size)` pairs and
 /// of their `[w, scales, biases]` inputs.
@@ -106,8 +104,8 @@ pub struct Geometry {
     pub head_dim: usize,
     pub eps: f32,
     pub attn_scale: f32,
-    /// Int8 activations on this tier for the projections; `None`: exact f32.
-    pub int8: Option<Int8Tier>,
+    /// How the projections compute with x (exact f32, int16 or int8).
+    pub x_precision: XPrecision,
 }
 
 /// Column alignment of the members' shares of a projection.
@@ -122,12 +120,12 @@ fn project_cols<P: Element>(
     rows: usize,
     k: usize,
     cols: &Range<usize>,
-    int8: Option<Int8Tier>,
+    xp: XPrecision,
 ) -> Result<Vec<f32>, KernelError> {
     let mut tmp = vec![0.0f32; rows * cols.len()];
     if !cols.is_empty() {
         let part = m.rows(k, cols.start, cols.len());
-        quantized_matmul_with::<f32, P>(src, part, &mut tmp, rows, cols.len(), k, int8)?;
+        quantized_matmul_with::<f32, P>(src, part, &mut tmp, rows, cols.len(), k, xp)?;
     }
     Ok(tmp)
 }
@@ -245,7 +243,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
         let xn = norm(x, &norm1, rows, h)?;
         for (buf, mat, n) in [(&q, wq, nq * d), (&k, wk, nkv * d), (&v, wv, nkv * d)] {
             let cols = m.share(n, SHARE_ALIGN);
-            let tmp = project_cols(&xn, mat, rows, h, &cols, g.int8)?;
+            let tmp = project_cols(&xn, mat, rows, h, &cols, g.x_precision)?;
             unsafe { scatter_cols(&tmp, buf, n, &cols) };
         }
         m.barrier()?;
@@ -309,7 +307,14 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
 
         // o projection.
         let cols = m.share(h, SHARE_ALIGN);
-        let tmp = project_cols(unsafe { attn.all() }, wo, rows, nq * d, &cols, g.int8)?;
+        let tmp = project_cols(
+            unsafe { attn.all() },
+            wo,
+            rows,
+            nq * d,
+            &cols,
+            g.x_precision,
+        )?;
         unsafe { scatter_cols(&tmp, &o, h, &cols) };
         m.barrier()?;
 
@@ -331,7 +336,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
                 rows,
                 cols.len(),
                 h,
-                g.int8,
+                g.x_precision,
             )?;
             unsafe { scatter_cols(&tmp, &act, inter, &cols) };
         }
@@ -339,7 +344,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
 
         // down projection + residual, straight into `out`.
         let cols = m.share(h, SHARE_ALIGN);
-        let mut tmp = project_cols(unsafe { act.all() }, wd, rows, inter, &cols, g.int8)?;
+        let mut tmp = project_cols(unsafe { act.all() }, wd, rows, inter, &cols, g.x_precision)?;
         let width = cols.len();
         if width > 0 {
             for (r, part) in tmp.chunks_exact_mut(width).enumerate() {
@@ -557,16 +562,7 @@ fn run<P: Element, N: Element>(
         head_dim: spec.head_dim,
         eps: spec.eps,
         attn_scale: spec.attn_scale,
-        int8: match ActivationPrecision::from_code(spec.activations) {
-            Some(ActivationPrecision::Exact) => None,
-            Some(ActivationPrecision::Int8) => Some(Int8Tier::best()),
-            None => {
-                return Err(KernelError::Unsupported(format!(
-                    "activation precision code {}",
-                    spec.activations
-                )))
-            }
-        },
+        x_precision: XPrecision::from_code(spec.activations)?,
     };
     let weights = LayerWeights {
         input_norm,

@@ -125,7 +125,15 @@ pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackR
     {
         return Err(FallbackReason::UnsupportedDtype);
     }
-    if layer.projections.iter().any(|p| !matches!(p.bits, 4 | 8)) {
+    // The kernel's bit widths and group sizes; gate and up run as one
+    // fused pair and must share them.
+    let [.., gate, up, _] = &layer.projections;
+    if layer
+        .projections
+        .iter()
+        .any(|p| !matches!(p.bits, 4 | 8) || !matches!(p.group_size, 32 | 64 | 128))
+        || (gate.bits, gate.group_size) != (up.bits, up.group_size)
+    {
         return Err(FallbackReason::UnsupportedQuantization);
     }
     Ok(())

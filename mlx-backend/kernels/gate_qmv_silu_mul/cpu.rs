@@ -8,11 +8,12 @@
 
 use rayon::prelude::*;
 
-use crate::kernels::cpu::{for_chunks, run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::cpu::{
+    for_chunks, run_entry, typed, typed_mut, with_float, FloatKind, XPrecision,
+};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::int8::tier_for_code;
 use crate::kernels::cpu::qdot512::{self, OutStrides, RowMajorChunks};
 pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
@@ -48,10 +49,10 @@ pub fn gate_qmv_silu_mul<T: Element, P: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
-    gate_qmv_silu_mul_with(x, gate, up, out, m, n, k, None)
+    gate_qmv_silu_mul_with(x, gate, up, out, m, n, k, XPrecision::Exact)
 }
 
-/// [`gate_qmv_silu_mul`] with int8 activations on `int8` (`None`: exact).
+/// [`gate_qmv_silu_mul`] with x in the given precision.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
     x: &[T],
@@ -61,7 +62,7 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
     m: usize,
     n: usize,
     k: usize,
-    int8: Option<Int8Tier>,
+    xp: XPrecision,
 ) -> Result<(), KernelError> {
     let lay = shared_layout(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
     let gv = QView::new("gate", gate.w, gate.scales, gate.biases, lay, 1)?;
@@ -71,7 +72,7 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let px = Prepared::new(x.chunks_exact(k), &lay, int8);
+    let px = Prepared::new(x.chunks_exact(k), &lay, xp);
     if let Prepared::Exact(p) = &px {
         if p.lanes == 16 {
             dense_512(p, &gv, &uv, out);
@@ -104,10 +105,20 @@ pub fn gather_gate_qmv_silu_mul<T: Element, P: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
-    gather_gate_qmv_silu_mul_with(x, x_row_for, experts, gate, up, out, n, k, None)
+    gather_gate_qmv_silu_mul_with(
+        x,
+        x_row_for,
+        experts,
+        gate,
+        up,
+        out,
+        n,
+        k,
+        XPrecision::Exact,
+    )
 }
 
-/// [`gather_gate_qmv_silu_mul`] with int8 activations on `int8` (`None`: exact).
+/// [`gather_gate_qmv_silu_mul`] with x in the given precision.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
     x: &[T],
@@ -118,7 +129,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
     out: &mut [T],
     n: usize,
     k: usize,
-    int8: Option<Int8Tier>,
+    xp: XPrecision,
 ) -> Result<(), KernelError> {
     let lay = shared_layout(gate.bits, gate.group_size, up.bits, up.group_size, n, k)?;
     if gate.num_experts != up.num_experts {
@@ -160,7 +171,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
     for group in order.chunk_by(|&a, &b| experts[a] == experts[b]) {
         let e = experts[group[0]] as usize;
         let x_sel = group.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
-        let px = Prepared::new(x_sel, &lay, int8);
+        let px = Prepared::new(x_sel, &lay, xp);
         let mut tmp = vec![T::from_f32(0.0); n * group.len()];
         project_rows(&px, &gv.expert(e), &uv.expert(e), &mut tmp)?;
         scatter_rows(&tmp, out, group.len(), n, |r| group[r]);
@@ -186,7 +197,7 @@ fn shared_layout(
     Layout::new(gate_bits, gate_group, n, k)
 }
 
-/// x rows prepared once per call: f32 in block order, or int8.
+/// x rows prepared once per call: f32 (or int16) in block order, or int8.
 enum Prepared {
     Exact(PreparedX),
     Int8(Q8Activations, Int8Tier),
@@ -196,10 +207,10 @@ impl Prepared {
     fn new<'x, T: Element>(
         rows: impl Iterator<Item = &'x [T]>,
         lay: &Layout,
-        int8: Option<Int8Tier>,
+        xp: XPrecision,
     ) -> Self {
-        match int8 {
-            None => Prepared::Exact(PreparedX::new(rows, lay)),
+        match xp.int8() {
+            None => Prepared::Exact(PreparedX::new(rows, lay, xp.int16())),
             Some(tier) => Prepared::Int8(Q8Activations::prepare(rows, lay), tier),
         }
     }
@@ -417,7 +428,7 @@ pub(crate) fn gate_qmv_silu_mul_cpu(
     activations: i32,
 ) -> bool {
     run_entry(Kernel::GateQmvSiluMul, || {
-        let int8 = tier_for_code(activations)?;
+        let xp = XPrecision::from_code(activations)?;
         let (xk, pk) = kinds(dtype, params_dtype)?;
         with_float!(xk, T => with_float!(pk, P => {
             let gate = QuantMatrix::<P> {
@@ -434,7 +445,7 @@ pub(crate) fn gate_qmv_silu_mul_cpu(
                 bits,
                 group_size,
             };
-            gate_qmv_silu_mul_with::<T, P>(typed(x)?, gate, up, typed_mut(out)?, m, n, k, int8)
+            gate_qmv_silu_mul_with::<T, P>(typed(x)?, gate, up, typed_mut(out)?, m, n, k, xp)
         }))
     })
 }
@@ -462,7 +473,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
     activations: i32,
 ) -> bool {
     run_entry(Kernel::GateQmvSiluMul, || {
-        let int8 = tier_for_code(activations)?;
+        let xp = XPrecision::from_code(activations)?;
         let (xk, pk) = kinds(dtype, params_dtype)?;
         with_float!(xk, T => with_float!(pk, P => {
             let gate = QuantExperts::<P> {
@@ -490,7 +501,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
                 typed_mut(out)?,
                 n,
                 k,
-                int8,
+                xp,
             )
         }))
     })

@@ -16,7 +16,6 @@
 use rayon::prelude::*;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::int8::tier_for_code;
 use crate::kernels::cpu::qdot512::{self, RowMajorChunks};
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
@@ -24,7 +23,9 @@ use crate::kernels::cpu::quant::{
 };
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team::SharedSlice;
-use crate::kernels::cpu::{for_chunks, run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::cpu::{
+    for_chunks, run_entry, typed, typed_mut, with_float, FloatKind, XPrecision,
+};
 use crate::kernels::registry::Kernel;
 
 pub use crate::kernels::cpu::quant::QuantMatrix;
@@ -53,10 +54,10 @@ pub fn quantized_matmul<T: Element, P: Element>(
     n: usize,
     k: usize,
 ) -> Result<(), KernelError> {
-    quantized_matmul_with(x, w, out, m, n, k, None)
+    quantized_matmul_with(x, w, out, m, n, k, XPrecision::Exact)
 }
 
-/// [`quantized_matmul`] with int8 activations on `int8` (`None`: exact).
+/// [`quantized_matmul`] with x in the given precision.
 pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     x: &[T],
     w: QuantMatrix<P>,
@@ -64,7 +65,7 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     m: usize,
     n: usize,
     k: usize,
-    int8: Option<Int8Tier>,
+    xp: XPrecision,
 ) -> Result<(), KernelError> {
     let lay = Layout::new(w.bits, w.group_size, n, k)?;
     let wv = QView::new("w", w.w, w.scales, w.biases, lay, 1)?;
@@ -78,12 +79,12 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     if m == 1 && parallel {
         // One row (decode, the lm_head): the CPU team splits the output rows;
         // a pool would cut them into many small tasks and wake workers.
-        return matvec_on_team(x, w, out, n, k, int8);
+        return matvec_on_team(x, w, out, n, k, xp);
     }
-    if let Some(tier) = int8 {
+    if let Some(tier) = xp.int8() {
         return int8_matmul(x, &wv, out, m, parallel, tier);
     }
-    let px = PreparedX::new(x.chunks_exact(k), &lay);
+    let px = PreparedX::new(x.chunks_exact(k), &lay, xp.int16());
     if px.lanes == 16 {
         // AVX-512: one register-blocked kernel for any number of x rows,
         // `out` written row-major in place.
@@ -188,7 +189,7 @@ fn matvec_on_team<T: Element, P: Element>(
     out: &mut [T],
     n: usize,
     k: usize,
-    int8: Option<Int8Tier>,
+    xp: XPrecision,
 ) -> Result<(), KernelError> {
     let dst = SharedSlice::new(out);
     crate::kernels::cpu::team::run(|member| {
@@ -199,7 +200,7 @@ fn matvec_on_team<T: Element, P: Element>(
         let part = w.rows(k, rows.start, rows.len());
         // SAFETY: `rows` is this member's share of `0..n`; shares are disjoint.
         let out = unsafe { dst.part(rows.start, rows.len()) };
-        quantized_matmul_with(x, part, out, 1, rows.len(), k, int8)
+        quantized_matmul_with(x, part, out, 1, rows.len(), k, xp)
     })
 }
 
@@ -285,7 +286,7 @@ pub(crate) fn quantized_matmul_cpu(
     activations: i32,
 ) -> bool {
     run_entry(Kernel::QuantizedMatmul, || {
-        let int8 = tier_for_code(activations)?;
+        let xp = XPrecision::from_code(activations)?;
         let (xk, pk) = (
             FloatKind::from_code(dtype)?,
             FloatKind::from_code(params_dtype)?,
@@ -303,7 +304,7 @@ pub(crate) fn quantized_matmul_cpu(
                 bits,
                 group_size,
             };
-            quantized_matmul_with::<T, P>(typed(x)?, q, typed_mut(out)?, m, n, k, int8)
+            quantized_matmul_with::<T, P>(typed(x)?, q, typed_mut(out)?, m, n, k, xp)
         }))
     })
 }
@@ -482,10 +483,14 @@ mod tests {
             let w = Owned::<f32>::random(&mut rng, n, k, bits, 32);
             let x: Vec<f32> = rng.elems(m * k, 1.0);
             let mut out = vec![0.0f32; m * n];
-            for (name, int8) in [("exact", None), ("int8", Some(Int8Tier::best()))] {
+            for (name, xp) in [
+                ("exact", XPrecision::Exact),
+                ("int16", XPrecision::Int16),
+                ("int8", XPrecision::Int8(Int8Tier::best())),
+            ] {
                 let mut run = || {
                     pool.install(|| {
-                        quantized_matmul_with(&x, w.matrix(), &mut out, m, n, k, int8).unwrap()
+                        quantized_matmul_with(&x, w.matrix(), &mut out, m, n, k, xp).unwrap()
                     })
                 };
                 run();

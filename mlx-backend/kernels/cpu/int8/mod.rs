@@ -44,19 +44,6 @@ pub(crate) const BLOCK: usize = 32;
 /// x rows per pass in [`dot_tile`].
 const RX: usize = 2;
 
-/// The tier to run for the activation-precision code the C++ Primitive
-/// passes: `None` for exact (f32) activations.
-pub(crate) fn tier_for_code(code: i32) -> Result<Option<Int8Tier>, KernelError> {
-    use crate::kernels::ActivationPrecision;
-    match ActivationPrecision::from_code(code) {
-        Some(ActivationPrecision::Exact) => Ok(None),
-        Some(ActivationPrecision::Int8) => Ok(Some(Int8Tier::best())),
-        None => Err(KernelError::Unsupported(format!(
-            "activation precision code {code}"
-        ))),
-    }
-}
-
 /// Values per chunk (one 256-bit load of packed weights).
 fn chunk_values(bits: u32) -> usize {
     if bits == 4 {
