@@ -5,7 +5,7 @@
 //! table (median µs per call, achieved GB/s vs. read bandwidth, speedup).
 //! `KERNELS_BENCH_FILTER=quantized_matmul` keeps the cases whose name
 //! contains the string. A second table times the quantized kernels with
-//! int8 against exact activations (`int8_activations`).
+//! exact against int16 and int8 activations (`activation_precision`).
 //!
 //! Two ratios for the decode shapes: an *isolated* call builds one op and
 //! evaluates it alone, paying MLX's fixed cost per `eval` (handing the
@@ -23,7 +23,7 @@ use mlx_backend::ops::{quantize, random, Quantized};
 use mlx_backend::{Array, Dtype};
 use std::time::{Duration, Instant};
 
-mod int8_activations;
+mod activation_precision;
 
 const DTYPE: Dtype = Dtype::BF16;
 
@@ -332,7 +332,7 @@ fn bench(c: &mut Criterion) {
     for k in Kernel::ALL {
         registry::set_enabled(k, true);
     }
-    int8_activations::table(
+    activation_precision::table(
         &std::env::var("KERNELS_BENCH_FILTER").unwrap_or_default(),
         median_secs,
     );

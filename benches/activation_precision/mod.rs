@@ -1,7 +1,7 @@
-//! Int8 against exact activations in the quantized kernels, at the default
+//! Int16 and int8 against exact activations in the quantized kernels, at the default
 //! model's shapes (SmolLM2-135M: hidden 576, KV 192, MLP 1536, tied 8-bit
 //! 49152-row head; group 32, f32 activations as `LoadOptions::for_device(Cpu)`
-//! loads it), decode (1 row) and prefill (512 rows). Both modes are timed
+//! loads it), decode (1 row) and prefill (512 rows). The modes are timed
 //! in the same run, alternating, and each figure is the median of the
 //! per-round medians.
 
@@ -84,7 +84,14 @@ fn cases() -> Vec<Case> {
     cases
 }
 
-/// Prints the int8-vs-exact table for the cases whose name contains `filter`.
+/// The modes, exact first (the speedups are against it).
+const MODES: [ActivationPrecision; 3] = [
+    ActivationPrecision::Exact,
+    ActivationPrecision::Int16,
+    ActivationPrecision::Int8,
+];
+
+/// Prints the exact / int16 / int8 table for the cases whose name contains `filter`.
 pub fn table(filter: &str, median_secs: fn(&dyn Fn(), Duration) -> f64) {
     let cases: Vec<Case> = cases()
         .into_iter()
@@ -94,34 +101,35 @@ pub fn table(filter: &str, median_secs: fn(&dyn Fn(), Duration) -> f64) {
         return;
     }
     println!(
-        "\nint8 vs exact activations (f32, CPU kernels; median µs per call, 3 alternating rounds)"
+        "\nexact vs int16 vs int8 activations (f32, CPU kernels; median µs per call, 3 alternating rounds)"
     );
     println!(
-        "| case | exact µs | int8 µs | speedup | exact GB/s | int8 GB/s |\n|---|---:|---:|---:|---:|---:|"
+        "| case | exact µs | int16 µs | int8 µs | int16 speedup | int8 speedup | exact GB/s | int16 GB/s | int8 GB/s |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for case in &cases {
-        let mut times = [Vec::new(), Vec::new()];
+        let mut times: [Vec<f64>; 3] = Default::default();
         for _ in 0..3 {
-            for (i, a) in [ActivationPrecision::Exact, ActivationPrecision::Int8]
-                .into_iter()
-                .enumerate()
-            {
+            for (i, a) in MODES.into_iter().enumerate() {
                 let run = || (case.op)(a).eval().unwrap();
                 times[i].push(median_secs(&run, Duration::from_millis(400)));
             }
         }
-        let [exact, int8] = times.map(|mut t| {
+        let [exact, int16, int8] = times.map(|mut t| {
             t.sort_by(|a, b| a.total_cmp(b));
             t[1]
         });
         let gbs = |t: f64| case.weight_bytes / t / 1e9;
         println!(
-            "| {} | {:.1} | {:.1} | {:.2}x | {:.1} | {:.1} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.2}x | {:.2}x | {:.1} | {:.1} | {:.1} |",
             case.name,
             exact * 1e6,
+            int16 * 1e6,
             int8 * 1e6,
+            exact / int16,
             exact / int8,
             gbs(exact),
+            gbs(int16),
             gbs(int8)
         );
     }
