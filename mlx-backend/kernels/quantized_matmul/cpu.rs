@@ -34,6 +34,9 @@ pub use crate::kernels::cpu::quant::QuantMatrix;
 const PAR_MIN_MACS: usize = 1 << 19;
 /// Weight rows per tile (one rayon task; dequantized once in the tiled path).
 const TILE_N: usize = 16;
+/// Up to this many x rows (decode batches) a threaded call runs on the CPU
+/// team; more (prefill) on rayon.
+const TEAM_MAX_ROWS: usize = 32;
 
 /// f32 results into T.
 fn to_elements<T: Element>(src: &[f32], dst: &mut [T]) {
@@ -76,10 +79,12 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     }
     let parallel = m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS
         && !crate::kernels::cpu::team::in_team();
-    if m == 1 && parallel {
-        // One row (decode, the lm_head): the CPU team splits the output rows;
-        // a pool would cut them into many small tasks and wake workers.
-        return matvec_on_team(x, w, out, n, k, xp);
+    if m <= TEAM_MAX_ROWS && parallel {
+        // Decode rows (the lm_head): the CPU team splits the output rows; a
+        // pool would cut them into many small tasks and wake workers, and
+        // right after the decode blocks it would share the cores with the
+        // team's still-spinning helpers.
+        return matmul_on_team(x, w, out, m, n, k, xp);
     }
     if let Some(tier) = xp.int8() {
         return int8_matmul(x, &wv, out, m, parallel, tier);
@@ -182,25 +187,36 @@ fn try_for_tiles<T: Send, B>(
     }
 }
 
-/// One x row against `w`, each team member taking a share of the output rows.
-fn matvec_on_team<T: Element, P: Element>(
+/// `m` x rows against `w`, each team member taking a share of W's rows
+/// (the output columns) for every x row, so W is read once.
+fn matmul_on_team<T: Element, P: Element>(
     x: &[T],
     w: QuantMatrix<P>,
     out: &mut [T],
+    m: usize,
     n: usize,
     k: usize,
     xp: XPrecision,
 ) -> Result<(), KernelError> {
     let dst = SharedSlice::new(out);
     crate::kernels::cpu::team::run(|member| {
-        let rows = member.share(n, TILE_N);
-        if rows.is_empty() {
+        let cols = member.share(n, TILE_N);
+        if cols.is_empty() {
             return Ok(());
         }
-        let part = w.rows(k, rows.start, rows.len());
-        // SAFETY: `rows` is this member's share of `0..n`; shares are disjoint.
-        let out = unsafe { dst.part(rows.start, rows.len()) };
-        quantized_matmul_with(x, part, out, 1, rows.len(), k, xp)
+        let part = w.rows(k, cols.start, cols.len());
+        if m == 1 {
+            // SAFETY: `cols` is this member's share of `0..n`; shares are disjoint.
+            let out = unsafe { dst.part(cols.start, cols.len()) };
+            return quantized_matmul_with(x, part, out, 1, cols.len(), k, xp);
+        }
+        let mut tmp = vec![T::from_f32(0.0); m * cols.len()];
+        quantized_matmul_with(x, part, &mut tmp, m, cols.len(), k, xp)?;
+        for (r, row) in tmp.chunks_exact(cols.len()).enumerate() {
+            // SAFETY: columns `cols` of every row are this member's alone.
+            unsafe { dst.part(r * n + cols.start, cols.len()) }.copy_from_slice(row);
+        }
+        Ok(())
     })
 }
 
@@ -403,9 +419,11 @@ mod tests {
             case::<T>(&mut rng, 1, 19, 96, bits, 32);
             case::<T>(&mut rng, 3, 19, 96, bits, 32);
         }
-        // Large enough for the rayon path, both branches.
+        // Large enough to split over threads: the CPU team (1 and 9 x rows,
+        // uneven shares of the output columns) and rayon (40 x rows).
         case::<T>(&mut rng, 1, 1101, 1024, 4, 64);
         case::<T>(&mut rng, 9, 301, 1024, 8, 128);
+        case::<T>(&mut rng, 40, 67, 256, 4, 32);
     }
 
     #[test]
