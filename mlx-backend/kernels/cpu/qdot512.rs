@@ -891,6 +891,58 @@ mod tests {
         assert!(out[..n].iter().chain(&out[2 * n..]).all(|v| v.is_finite()));
     }
 
+    /// The core's arithmetic ceiling, to read the kernel's GMAC/s against:
+    /// ten independent register-only chains of 512-bit FMAs and of
+    /// `vpdpwssd`, one thread.
+    /// `cargo test --release --lib qdot512::tests::arithmetic_peak -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn arithmetic_peak() {
+        if !int16_available() {
+            return;
+        }
+        // SAFETY: AVX-512 F and VNNI were detected above.
+        let (fma, dp) = unsafe { peak_loops(100_000_000) };
+        println!(
+            "512-bit FMA {:.2} G/s ({:.0} GMAC/s f32); vpdpwssd {:.2} G/s ({:.0} GMAC/s int16)",
+            fma,
+            fma * 16.0,
+            dp,
+            dp * 32.0
+        );
+    }
+
+    /// Instructions per second (in G) of each loop.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn peak_loops(iters: usize) -> (f64, f64) {
+        use std::arch::x86_64::*;
+        let (x, y) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
+        let mut a = [x; 10];
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            for v in a.iter_mut() {
+                *v = _mm512_fmadd_ps(*v, x, y);
+            }
+        }
+        let fma = (iters * 10) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        std::hint::black_box(a);
+        let (xi, yi) = (
+            _mm512_set1_epi32(0x0003_0005),
+            _mm512_set1_epi32(0x0007_0002),
+        );
+        let mut b = [xi; 10];
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            for v in b.iter_mut() {
+                *v = _mm512_dpwssd_epi32(*v, xi, yi);
+            }
+        }
+        let dp = (iters * 10) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        std::hint::black_box(b);
+        (fma, dp)
+    }
+
     /// Single-thread speed at the default model's shapes (f16 scales and
     /// biases, as loaded), against the previous AVX2 body (two weight rows
     /// per pass, one x row):
