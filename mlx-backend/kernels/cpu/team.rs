@@ -72,6 +72,25 @@ impl<T> SharedSlice<T> {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 
+    /// Writes `tmp [rows][cols.len()]` into columns `cols` of this
+    /// row-major `[rows, n]` buffer.
+    ///
+    /// # Safety
+    /// No other member writes these columns in this stage.
+    pub(crate) unsafe fn write_cols(&self, tmp: &[T], n: usize, cols: &Range<usize>)
+    where
+        T: Copy,
+    {
+        let w = cols.len();
+        if w == 0 {
+            return;
+        }
+        for (r, row) in tmp.chunks_exact(w).enumerate() {
+            // SAFETY: the caller owns these columns in this stage.
+            unsafe { self.part(r * n + cols.start, w) }.copy_from_slice(row);
+        }
+    }
+
     /// # Safety
     /// Nobody writes the buffer in this stage.
     pub(crate) unsafe fn all(&self) -> &[T] {

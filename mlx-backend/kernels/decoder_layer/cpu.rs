@@ -130,21 +130,6 @@ fn project_cols<P: Element>(
     Ok(tmp)
 }
 
-/// Writes `tmp [rows][cols]` into columns `cols` of `dst [rows, n]`.
-///
-/// # Safety
-/// No other member writes these columns in this stage.
-unsafe fn scatter_cols(tmp: &[f32], dst: &Shared, n: usize, cols: &Range<usize>) {
-    let w = cols.len();
-    if w == 0 {
-        return;
-    }
-    for (r, part) in tmp.chunks_exact(w).enumerate() {
-        // SAFETY: the caller owns these columns in this stage.
-        unsafe { dst.part(r * n + cols.start, w) }.copy_from_slice(part);
-    }
-}
-
 /// Runs the block for `x [rows, hidden]` into `out [rows, hidden]`,
 /// appending each row's key and value to `caches[row]`. The stages are
 /// shared by the CPU team (see `kernels::cpu::team`): each member takes a
@@ -244,7 +229,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
         for (buf, mat, n) in [(&q, wq, nq * d), (&k, wk, nkv * d), (&v, wv, nkv * d)] {
             let cols = m.share(n, SHARE_ALIGN);
             let tmp = project_cols(&xn, mat, rows, h, &cols, g.x_precision)?;
-            unsafe { scatter_cols(&tmp, buf, n, &cols) };
+            unsafe { buf.write_cols(&tmp, n, &cols) };
         }
         m.barrier()?;
 
@@ -315,7 +300,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
             &cols,
             g.x_precision,
         )?;
-        unsafe { scatter_cols(&tmp, &o, h, &cols) };
+        unsafe { o.write_cols(&tmp, h, &cols) };
         m.barrier()?;
 
         // Residual, norm2, gate/up SwiGLU.
@@ -338,7 +323,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
                 h,
                 g.x_precision,
             )?;
-            unsafe { scatter_cols(&tmp, &act, inter, &cols) };
+            unsafe { act.write_cols(&tmp, inter, &cols) };
         }
         m.barrier()?;
 
@@ -351,7 +336,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
                 let res = &hres[r * h + cols.start..][..width];
                 part.iter_mut().zip(res).for_each(|(a, b)| *a += b);
             }
-            unsafe { scatter_cols(&tmp, &out, h, &cols) };
+            unsafe { out.write_cols(&tmp, h, &cols) };
         }
         Ok(())
     })

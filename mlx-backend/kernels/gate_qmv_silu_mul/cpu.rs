@@ -14,7 +14,7 @@ use crate::kernels::cpu::{
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::qdot512::{self, OutStrides, RowMajorChunks};
+use crate::kernels::cpu::qdot512::{self, RowMajorChunks};
 pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
@@ -73,11 +73,9 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
         return Ok(());
     }
     let px = Prepared::new(x.chunks_exact(k), &lay, xp);
-    if let Prepared::Exact(p) = &px {
-        if p.lanes == 16 {
-            dense_512(p, &gv, &uv, out);
-            return Ok(());
-        }
+    if let Some(p) = px.for_512() {
+        dense_512(p, &gv, &uv, out);
+        return Ok(());
     }
     if m == 1 {
         project_rows(&px, &gv, &uv, out)?;
@@ -172,9 +170,18 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
         let e = experts[group[0]] as usize;
         let x_sel = group.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
         let px = Prepared::new(x_sel, &lay, xp);
+        let (ge, ue) = (gv.expert(e), uv.expert(e));
         let mut tmp = vec![T::from_f32(0.0); n * group.len()];
-        project_rows(&px, &gv.expert(e), &uv.expert(e), &mut tmp)?;
-        scatter_rows(&tmp, out, group.len(), n, |r| group[r]);
+        if let Some(p) = px.for_512() {
+            // Row-major `[group, n]`.
+            dense_512(p, &ge, &ue, &mut tmp);
+            for (&row, act) in group.iter().zip(tmp.chunks_exact(n)) {
+                out[row * n..][..n].copy_from_slice(act);
+            }
+        } else {
+            project_rows(&px, &ge, &ue, &mut tmp)?;
+            scatter_rows(&tmp, out, group.len(), n, |r| group[r]);
+        }
     }
     Ok(())
 }
@@ -212,6 +219,14 @@ impl Prepared {
         match xp.int8() {
             None => Prepared::Exact(PreparedX::new(rows, lay, xp.int16())),
             Some(tier) => Prepared::Int8(Q8Activations::prepare(rows, lay), tier),
+        }
+    }
+
+    /// x for the AVX-512 kernel ([`dense_512`]), if that is how it was prepared.
+    fn for_512(&self) -> Option<&PreparedX> {
+        match self {
+            Prepared::Exact(p) if p.lanes == 16 => Some(p),
+            _ => None,
         }
     }
 }
@@ -270,33 +285,19 @@ fn project_rows_int8<T: Element, P: Element>(
     }
 }
 
-/// [`project_rows`] with exact activations.
+/// [`project_rows`] with exact activations (x in 8-lane block order: the
+/// AVX2 and scalar bodies; AVX-512 takes [`dense_512`]).
 fn project_rows_exact<T: Element, P: Element>(
     px: &PreparedX,
     gate: &QView<P>,
     up: &QView<P>,
     dst: &mut [T],
 ) {
+    assert_eq!(px.lanes, 8, "x in 8-lane block order");
     let lay = gate.lay;
     let (m, k) = (px.rows, lay.k);
     let avx = simd::has_avx2_f16c();
     let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
-        if px.lanes == 16 {
-            // AVX-512 (the expert-indexed form; the dense one takes
-            // `dense_512`): `chunk` is `[rows][m]` (transposed).
-            let rows = first..first + chunk.len() / m;
-            let (g, u) = (&mut bufs.0[..chunk.len()], &mut bufs.1[..chunk.len()]);
-            let strides = OutStrides {
-                x_stride: 1,
-                w_stride: m,
-            };
-            qdot512::dot_rows(px, 0..m, gate, rows.clone(), g, strides);
-            qdot512::dot_rows(px, 0..m, up, rows, u, strides);
-            for ((o, g), u) in chunk.iter_mut().zip(g.iter()).zip(u.iter()) {
-                *o = swiglu(*g, *u);
-            }
-            return;
-        }
         for (i, outs) in chunk.chunks_mut(m).enumerate() {
             let (g_row, u_row) = (gate.row(first + i), up.row(first + i));
             if m == 1 {
@@ -314,13 +315,7 @@ fn project_rows_exact<T: Element, P: Element>(
         }
     };
     let new_bufs = || {
-        let len = if px.lanes == 16 {
-            TILE_N * m
-        } else if m > 1 {
-            k
-        } else {
-            0
-        };
+        let len = if m > 1 { k } else { 0 };
         (vec![0.0f32; len], vec![0.0f32; len])
     };
     if worth_splitting(m, lay.n, k) {
@@ -335,8 +330,9 @@ fn project_rows_exact<T: Element, P: Element>(
     }
 }
 
-/// The dense form on the AVX-512 kernel, `out` row-major in place (chunks
-/// as [`RowMajorChunks`] cuts them).
+/// The AVX-512 kernel for every x row of `px` (the dense form, and each
+/// expert's rows of the indexed one), `out` `[m, n]` row-major in place
+/// (chunks as [`RowMajorChunks`] cuts them).
 fn dense_512<T: Element, P: Element>(
     px: &PreparedX,
     gate: &QView<P>,

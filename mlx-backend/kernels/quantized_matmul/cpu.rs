@@ -212,10 +212,8 @@ fn matmul_on_team<T: Element, P: Element>(
         }
         let mut tmp = vec![T::from_f32(0.0); m * cols.len()];
         quantized_matmul_with(x, part, &mut tmp, m, cols.len(), k, xp)?;
-        for (r, row) in tmp.chunks_exact(cols.len()).enumerate() {
-            // SAFETY: columns `cols` of every row are this member's alone.
-            unsafe { dst.part(r * n + cols.start, cols.len()) }.copy_from_slice(row);
-        }
+        // SAFETY: columns `cols` of every row are this member's alone.
+        unsafe { dst.write_cols(&tmp, n, &cols) };
         Ok(())
     })
 }
