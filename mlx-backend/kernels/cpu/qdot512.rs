@@ -75,8 +75,8 @@ impl RowMajorChunks {
     }
 }
 
-/// Weight rows converted per pass (their scales and biases widened once and
-/// reused for every chunk of x rows).
+/// Weight rows per pass over the chunks of x rows (so a tile's rows stay
+/// in cache while every x row meets them).
 const TILE: usize = 16;
 
 /// True when the AVX-512 bodies may run (std caches the CPUID probe).
@@ -119,37 +119,44 @@ const INT16_MAX: f32 = 32767.0;
 /// block of words `b0..b0 + lanes` and pair `p` (values `p` and
 /// `p + vals_per_word / 2` of each word, low and high int16 of an i32),
 /// lane j sits at `b0 · pairs + p · lanes + j`; the scales at `b0 + j`.
-#[derive(Default)]
 pub(crate) struct Int16Rows {
     pairs: Vec<i32>,
     scales: Vec<f32>,
+    vals_per_word: usize,
     /// i32 pairs and scales per row.
     row_pairs: usize,
     row_words: usize,
 }
 
 impl Int16Rows {
+    /// No rows yet, for x against weights of layout `lay`.
+    pub(crate) fn new(lay: &super::quant::Layout) -> Self {
+        Int16Rows {
+            pairs: Vec::new(),
+            scales: Vec::new(),
+            vals_per_word: lay.vals_per_word,
+            row_pairs: lay.words_per_row * lay.vals_per_word / 2,
+            row_words: lay.words_per_row,
+        }
+    }
+
     /// Appends one row of x given in f32 block order with 16 lanes (as
     /// [`PreparedX`] holds exact x).
     ///
     /// # Panics
-    /// Without AVX-512 VNNI, or when `x` is not `lay.k` long.
-    pub(crate) fn push(&mut self, x: &[f32], lay: &super::quant::Layout) {
+    /// Without AVX-512 VNNI, or when `x` is not one row long.
+    pub(crate) fn push(&mut self, x: &[f32]) {
         assert!(int16_available(), "int16 x needs AVX-512 VNNI");
-        assert_eq!(x.len(), lay.k);
-        let words = lay.words_per_row;
-        let half = lay.vals_per_word / 2;
-        self.row_pairs = words * half;
-        self.row_words = words;
+        assert_eq!(x.len(), self.row_words * self.vals_per_word);
         let (p0, s0) = (self.pairs.len(), self.scales.len());
-        self.pairs.resize(p0 + words * half, 0);
-        self.scales.resize(s0 + words, 0.0);
+        self.pairs.resize(p0 + self.row_pairs, 0);
+        self.scales.resize(s0 + self.row_words, 0.0);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX-512 was detected; the slices are the row's exact sizes.
         unsafe {
             x86::quantize_row(
                 x,
-                lay.vals_per_word,
+                self.vals_per_word,
                 &mut self.pairs[p0..],
                 &mut self.scales[s0..],
             )
@@ -918,29 +925,29 @@ mod tests {
     unsafe fn peak_loops(iters: usize) -> (f64, f64) {
         use std::arch::x86_64::*;
         let (x, y) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
-        let mut a = [x; 10];
-        let t = std::time::Instant::now();
-        for _ in 0..iters {
-            for v in a.iter_mut() {
-                *v = _mm512_fmadd_ps(*v, x, y);
-            }
-        }
-        let fma = (iters * 10) as f64 / t.elapsed().as_secs_f64() / 1e9;
-        std::hint::black_box(a);
+        let fma = chains(iters, x, |v| _mm512_fmadd_ps(v, x, y));
         let (xi, yi) = (
             _mm512_set1_epi32(0x0003_0005),
             _mm512_set1_epi32(0x0007_0002),
         );
-        let mut b = [xi; 10];
+        let dp = chains(iters, xi, |v| _mm512_dpwssd_epi32(v, xi, yi));
+        (fma, dp)
+    }
+
+    /// G steps per second of ten independent chains `v = step(v)`, kept in
+    /// registers (inlined into the caller, whose target features `step` has).
+    #[inline(always)]
+    fn chains<V: Copy>(iters: usize, init: V, step: impl Fn(V) -> V) -> f64 {
+        let mut a = [init; 10];
         let t = std::time::Instant::now();
         for _ in 0..iters {
-            for v in b.iter_mut() {
-                *v = _mm512_dpwssd_epi32(*v, xi, yi);
+            for v in a.iter_mut() {
+                *v = step(*v);
             }
         }
-        let dp = (iters * 10) as f64 / t.elapsed().as_secs_f64() / 1e9;
-        std::hint::black_box(b);
-        (fma, dp)
+        let rate = (iters * 10) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        std::hint::black_box(a);
+        rate
     }
 
     /// Single-thread speed at the default model's shapes (f16 scales and

@@ -215,7 +215,7 @@ impl PreparedX {
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        let mut x16 = int16.then(super::qdot512::Int16Rows::default);
+        let mut x16 = int16.then(|| super::qdot512::Int16Rows::new(lay));
         let mut blocked = Vec::new();
         for row in rows {
             T::load_f32(row, &mut natural);
@@ -228,7 +228,7 @@ impl PreparedX {
                 // Block order in scratch, then rounded to int16.
                 blocked.resize(k, 0.0);
                 to_block_order(&natural, &mut blocked, vpw, lanes);
-                x16.push(&blocked, lay);
+                x16.push(&blocked);
             } else {
                 let start = perm.len();
                 perm.resize(start + k, 0.0);
