@@ -2,6 +2,7 @@
 //! primitives, argument errors, and the byte-slice plumbing the
 //! `extern "Rust"` entry points use to reach the typed kernels.
 
+pub(crate) mod amx;
 pub(crate) mod error;
 pub(crate) mod int8;
 pub(crate) mod qdot512;

@@ -27,7 +27,8 @@ use super::quant::{PreparedX, QView};
 use super::simd::Element;
 
 /// x rows per task when many x rows are split over threads (each task
-/// reads all of W once).
+/// reads all of W once); x on AMX tiles in the dequantized form takes half
+/// the rows per task instead, since each task dequantizes all of W.
 const X_CHUNK: usize = 16;
 /// Output columns per task when one x row is split over threads.
 const COL_CHUNK: usize = 16;
@@ -45,11 +46,17 @@ pub(crate) struct RowMajorChunks {
 }
 
 impl RowMajorChunks {
-    pub(crate) fn new(m: usize, n: usize, parallel: bool) -> Self {
+    /// Chunks of `out [px.rows, n]`.
+    pub(crate) fn new(px: &PreparedX, n: usize, parallel: bool) -> Self {
+        let m = px.rows;
+        let per_task = match &px.amx {
+            Some(ax) if ax.dequantized() => m.div_ceil(2).next_multiple_of(super::amx::X_ROWS),
+            _ => X_CHUNK.min(m.div_ceil(2)),
+        };
         let len = match (m, parallel) {
             (_, false) => m * n,
             (1, true) => COL_CHUNK,
-            (_, true) => X_CHUNK.min(m.div_ceil(2)) * n,
+            (_, true) => per_task * n,
         };
         RowMajorChunks { m, n, len }
     }
@@ -199,6 +206,9 @@ pub(crate) fn dot_rows<P: Element>(
         "qdot512::dot_rows needs AVX-512F and AVX-512BW"
     );
     assert_eq!(px.lanes, 16, "x must be prepared with 16 lanes");
+    if let Some(ax) = &px.amx {
+        return super::amx::dot_rows(ax, xrows, w, rows, out, strides);
+    }
     match &px.int16 {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {
@@ -778,19 +788,22 @@ mod tests {
 
     /// `dot_rows` against an f64 reference. Exact x: within f32 rounding
     /// (1e-5 of Σ|x·W|). Int16 x: also within the rounding of x, at most
-    /// half a step (`max|x over the word| / 32767`) per value.
+    /// half a step (`max|x over the word| / 32767`) per value; on the AMX
+    /// tiles (`amx`, two or more rows) or the VNNI kernel.
     fn case<P: Element>(
         rng: &mut Rng,
         (m, n, k): (usize, usize, usize),
         bits: u32,
         group: usize,
-        int16: bool,
+        (int16, amx): (bool, bool),
     ) {
         let lay = Layout::new(bits, group, n, k).unwrap();
         let (w, s, b, x) = random::<P>(rng, (m, n, k), &lay);
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-        let px = PreparedX::new(x.chunks_exact(k), &lay, int16);
-        assert_eq!(px.int16.is_some(), int16);
+        let px = PreparedX::with_amx(x.chunks_exact(k), &lay, int16, amx);
+        let tiles = int16 && amx && m >= super::super::amx::MIN_ROWS;
+        assert_eq!(px.amx.is_some(), tiles);
+        assert_eq!(px.int16.is_some(), int16 && !tiles);
         let vpw = lay.vals_per_word;
         let half_step = |xi: usize, c: usize| -> f64 {
             if !int16 {
@@ -823,7 +836,7 @@ mod tests {
                 assert!(
                     (got - want).abs() <= 1e-5 * mag + rounding,
                     "m={m} n={n} k={k} bits={bits} group={group} int16={int16} \
-                     x row {xi} w row {r}: {got} vs {want}"
+                     amx={amx} x row {xi} w row {r}: {got} vs {want}"
                 );
             }
         }
@@ -851,13 +864,18 @@ mod tests {
             (6, 5, 96, 4, 32),
             (2, 33, 1536, 4, 128),
         ] {
-            for int16 in [false, true] {
-                if int16 && !int16_available() {
+            for mode in [(false, false), (true, false), (true, true)] {
+                let usable = match mode {
+                    (false, _) => true,
+                    (true, false) => int16_available(),
+                    (true, true) => super::super::amx::available(),
+                };
+                if !usable {
                     continue;
                 }
-                case::<f32>(&mut rng, (m, n, k), bits, group, int16);
-                case::<half::f16>(&mut rng, (m, n, k), bits, group, int16);
-                case::<half::bf16>(&mut rng, (m, n, k), bits, group, int16);
+                case::<f32>(&mut rng, (m, n, k), bits, group, mode);
+                case::<half::f16>(&mut rng, (m, n, k), bits, group, mode);
+                case::<half::bf16>(&mut rng, (m, n, k), bits, group, mode);
             }
         }
     }

@@ -180,6 +180,9 @@ pub(crate) struct PreparedX {
     pub(crate) lanes: usize,
     /// x quantized to int16 per word of W (see [`super::qdot512::Int16Rows`]).
     pub(crate) int16: Option<super::qdot512::Int16Rows>,
+    /// Int16-class x as AMX tiles (bf16 hi + lo; see [`super::amx`]), for
+    /// two or more rows where AMX runs; `perm` and `int16` are then empty.
+    pub(crate) amx: Option<super::amx::AmxX>,
 }
 
 impl PreparedX {
@@ -190,7 +193,45 @@ impl PreparedX {
         lay: &Layout,
         int16: bool,
     ) -> Self {
+        Self::with_amx(rows, lay, int16, true)
+    }
+
+    /// As [`PreparedX::new`]; `amx` false keeps int16 x off the AMX tiles
+    /// (the AVX-512 VNNI kernel then serves every row count).
+    pub(crate) fn with_amx<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+        int16: bool,
+        amx: bool,
+    ) -> Self {
         let lanes = if super::qdot512::available() { 16 } else { 8 };
+        if int16 && amx && super::amx::available() {
+            let mut natural = Vec::new();
+            let mut count = 0;
+            for row in rows {
+                let start = natural.len();
+                natural.resize(start + lay.k, 0.0);
+                T::load_f32(row, &mut natural[start..]);
+                count += 1;
+            }
+            if count >= super::amx::MIN_ROWS {
+                let group_sums: Vec<f32> = natural
+                    .chunks_exact(lay.group_size)
+                    .map(|g| g.iter().sum::<f32>())
+                    .collect();
+                let tiles = super::amx::AmxX::new(&natural, count, &group_sums, lay);
+                return PreparedX {
+                    perm: Vec::new(),
+                    group_sums,
+                    rows: count,
+                    lanes,
+                    int16: None,
+                    amx: Some(tiles),
+                };
+            }
+            let int16 = super::qdot512::int16_available();
+            return Self::build(natural.chunks_exact(lay.k), lay, lanes, int16);
+        }
         let int16 = int16 && super::qdot512::int16_available();
         Self::build(rows, lay, lanes, int16)
     }
@@ -242,6 +283,7 @@ impl PreparedX {
             rows: count,
             lanes,
             int16: x16,
+            amx: None,
         }
     }
 }

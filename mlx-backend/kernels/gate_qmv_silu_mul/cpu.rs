@@ -341,7 +341,7 @@ fn dense_512<T: Element, P: Element>(
 ) {
     let (m, n) = (px.rows, gate.lay.n);
     let parallel = worth_splitting(m, n, gate.lay.k);
-    let chunks = RowMajorChunks::new(m, n, parallel);
+    let chunks = RowMajorChunks::new(px, n, parallel);
     let body = |c: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
         bufs.0.resize(chunk.len(), 0.0);
         bufs.1.resize(chunk.len(), 0.0);

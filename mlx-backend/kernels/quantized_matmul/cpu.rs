@@ -93,7 +93,7 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
     if px.lanes == 16 {
         // AVX-512: one register-blocked kernel for any number of x rows,
         // `out` written row-major in place.
-        let chunks = RowMajorChunks::new(m, n, parallel);
+        let chunks = RowMajorChunks::new(&px, n, parallel);
         let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
             buf.resize(chunk.len(), 0.0);
             let (xrows, cols, strides) = chunks.part(c, chunk.len());

@@ -1,0 +1,796 @@
+//! Quantized dot products of two or more x rows on Intel AMX (Sapphire /
+//! Emerald / Granite Rapids): `tdpbf16ps` multiplies 16 weight rows by 16
+//! x columns over 32 values in one instruction (8192 multiply-adds; the
+//! AVX-512 kernel does 32 per instruction).
+//!
+//! Exactness comes from what bf16 holds exactly:
+//! - W's quantized values (0..=15 or 0..=255) are small integers, exact in
+//!   bf16; W's scales and biases stay f32 and are applied per group after
+//!   the tile product (`Σ_g s·(x·q) + b·Σx`, as the AVX-512 kernel does).
+//! - x is split into `hi = bf16(x)` and `lo = bf16(x − hi)`, carried as two
+//!   x columns: each value is off by at most `2⁻¹⁸·|x|`, inside the int16
+//!   rounding bound (`max|x over the word| / 65534`), so this serves
+//!   `ActivationPrecision::Int16`. Products of bf16 values are exact in the
+//!   tiles' f32 accumulators.
+//!
+//! Layout: an A tile is 16 weight rows × one 32-value chunk of K, unpacked
+//! to bf16 per call (a 4-bit chunk in the order its bytes hold it: the low
+//! nibbles, then the high ones); a B tile is the matching chunk of up to 8 x
+//! rows, `hi` in columns 0..8 and `lo` in 8..16, in pairs of values as
+//! `tdpbf16ps` reads them ([`AmxX`], built once per call). C tiles go
+//! through memory to the AVX-512 epilogue, two of them alternating so the
+//! next group's tile product overlaps this group's epilogue.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::qdot512::OutStrides;
+use super::quant::{Layout, QView};
+use super::simd::Element;
+
+/// x rows per B tile (hi and lo fill its 16 columns).
+pub(crate) const X_ROWS: usize = 8;
+/// Weight rows per A tile.
+const W_ROWS: usize = 16;
+/// Values of K per tile product.
+const CHUNK: usize = 32;
+/// Fewest x rows worth the tiles: one row keeps the AVX-512 kernel, which
+/// needs no per-group pass through memory.
+pub(crate) const MIN_ROWS: usize = 2;
+
+/// True when AMX-BF16 may run: the CPU has it (and AVX-512 BF16 for the
+/// conversions), the OS saves tile state, this process was granted it,
+/// and `MLX_BACKEND_AMX` is not `0`/`off`.
+pub(crate) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let off = matches!(
+            std::env::var("MLX_BACKEND_AMX").as_deref(),
+            Ok("0" | "off" | "false")
+        );
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        return !off && x86::detect_and_request();
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        return false;
+    })
+}
+
+/// How W meets the tiles.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Form {
+    /// W's integers in A, scales and biases applied per group after each
+    /// group's tile product: the least W work, for few x rows.
+    Grouped,
+    /// W dequantized to f32 and split into bf16 `hi` + `lo` A tiles: two
+    /// tile products per chunk and none of the per-group passes, for many
+    /// x rows (the dequantization is shared by all of them).
+    Dequantized,
+}
+
+/// x rows from which [`Form::Dequantized`] pays (`amx::tests::speed`: at
+/// 16 rows it ran at the AVX-512 kernel's speed against 1.8× for the
+/// grouped form; at 128 and 256 rows 3.0× and 2.7× against 2.3× and 1.5×;
+/// the two met at 64).
+pub(crate) const DEQUANT_MIN_ROWS: usize = 64;
+
+/// x rows as B tiles: per chunk of [`X_ROWS`] rows and 32-slot chunk of K,
+/// 16 rows of value pairs × 16 columns (bf16 pairs as u32), plus per group
+/// the rows' sums of x in the `hi` lanes (the biases' term, grouped form).
+pub(crate) struct AmxX {
+    tiles: Vec<Tile>,
+    /// `[x chunk][group][16]`: Σx over the group for lanes 0..8, 0 above.
+    group_sums: Vec<[f32; 16]>,
+    rows: usize,
+    k_chunks: usize,
+    groups: usize,
+    bits: u32,
+    form: Form,
+}
+
+/// One 1 KiB tile image, 16 rows of 64 bytes, aligned for the tile loads.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Tile([[u32; 16]; 16]);
+
+/// A C tile's image in f32, aligned for the epilogue's loads.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CTile([[f32; 16]; 16]);
+
+const ZERO_TILE: Tile = Tile([[0; 16]; 16]);
+
+impl AmxX {
+    /// `x` row-major `[rows, lay.k]` in f32; `group_sums` `[rows, groups]`.
+    ///
+    /// # Panics
+    /// Without [`available`], or when the lengths disagree with `lay`.
+    pub(crate) fn new(x: &[f32], rows: usize, group_sums: &[f32], lay: &Layout) -> Self {
+        assert!(available(), "AMX tiles need AMX-BF16");
+        let (k, groups) = (lay.k, lay.groups_per_row);
+        assert_eq!(x.len(), rows * k);
+        assert_eq!(group_sums.len(), rows * groups);
+        let form = if rows >= DEQUANT_MIN_ROWS {
+            Form::Dequantized
+        } else {
+            Form::Grouped
+        };
+        let slots = slots(lay, form);
+        let k_chunks = slots.len() / CHUNK;
+        let chunks = rows.div_ceil(X_ROWS);
+        let mut tiles = vec![ZERO_TILE; chunks * k_chunks];
+        let mut sums = vec![[0.0f32; 16]; chunks * groups];
+        for r in 0..rows {
+            let (c, col) = (r / X_ROWS, r % X_ROWS);
+            let row = &x[r * k..][..k];
+            for (t, chunk_slots) in slots.chunks_exact(CHUNK).enumerate() {
+                let tile = &mut tiles[c * k_chunks + t];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `available` checked the CPU; every slot indexes the row.
+                unsafe {
+                    x86::split_chunk(row, chunk_slots, tile, col)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("{tile:p} {col} {chunk_slots:?} {row:?}");
+            }
+            if form == Form::Grouped {
+                for g in 0..groups {
+                    sums[c * groups + g][col] = group_sums[r * groups + g];
+                }
+            }
+        }
+        AmxX {
+            tiles,
+            group_sums: sums,
+            rows,
+            k_chunks,
+            groups,
+            bits: lay.bits,
+            form,
+        }
+    }
+}
+
+impl AmxX {
+    /// True in [`Form::Dequantized`] (each call dequantizes all of W).
+    pub(crate) fn dequantized(&self) -> bool {
+        self.form == Form::Dequantized
+    }
+}
+
+/// For each 32-slot chunk of K as the A tiles hold it, the position in K of
+/// each slot (-1: no value, zero in both A and B). B's pair `r` holds slots
+/// `2r` and `2r + 1`.
+///
+/// - Grouped: chunk `t` is K's values `32t..32t + 32`; a 4-bit chunk in the
+///   order its bytes hold it, the low nibbles (even positions), then the
+///   high ones (odd positions).
+/// - Dequantized: blocks of 16 words as the AVX-512 kernel reads them;
+///   chunk `(block, p)` holds value `2p` of the block's 16 words, then value
+///   `2p + 1` (a short last block leaves its missing words' slots empty).
+fn slots(lay: &Layout, form: Form) -> Vec<i32> {
+    let vpw = lay.vals_per_word;
+    match form {
+        Form::Grouped => (0..lay.k / CHUNK)
+            .flat_map(|t| {
+                (0..CHUNK).map(move |j| {
+                    let at = match (vpw, j) {
+                        (8, 0..16) => 2 * j,
+                        (8, _) => 2 * (j - 16) + 1,
+                        _ => j,
+                    };
+                    (t * CHUNK + at) as i32
+                })
+            })
+            .collect(),
+        Form::Dequantized => {
+            let words = lay.words_per_row;
+            (0..words.div_ceil(16))
+                .flat_map(|b| (0..vpw / 2).map(move |p| (b, p)))
+                .flat_map(|(b, p)| {
+                    (0..CHUNK).map(move |j| {
+                        let (word, v) = (16 * b + j % 16, 2 * p + j / 16);
+                        if word < words {
+                            (word * vpw + v) as i32
+                        } else {
+                            -1
+                        }
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
+/// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for x rows `xrows` of
+/// `ax` and weight rows `rows`, written as [`super::qdot512::dot_rows`]
+/// writes.
+///
+/// # Panics
+/// When `ax` was built for another layout, the ranges leave x or W, or
+/// `out` is too short for the strides.
+pub(crate) fn dot_rows<P: Element>(
+    ax: &AmxX,
+    xrows: Range<usize>,
+    w: &QView<P>,
+    rows: Range<usize>,
+    out: &mut [f32],
+    strides: OutStrides,
+) {
+    let lay = &w.lay;
+    assert!(available());
+    assert_eq!(ax.bits, lay.bits);
+    assert_eq!(ax.groups, lay.groups_per_row);
+    assert_eq!(ax.k_chunks * CHUNK, slots(lay, ax.form).len());
+    assert!(xrows.end <= ax.rows);
+    assert!(rows.end <= w.w.len() / lay.words_per_row);
+    if xrows.is_empty() || rows.is_empty() {
+        return;
+    }
+    let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
+    assert!(last < out.len(), "output too short");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AMX was detected and granted; the asserts bound every access.
+    unsafe {
+        match ax.form {
+            Form::Grouped => x86::drive(ax, xrows, w, rows, out, strides),
+            Form::Dequantized => x86::drive_dequantized(ax, xrows, w, rows, out, strides),
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// CPUID, the OS's tile-state support (XCR0) and the Linux permission
+    /// request (`arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)`).
+    #[cfg(target_os = "linux")]
+    pub(super) fn detect_and_request() -> bool {
+        let cpu = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16")
+            && is_x86_feature_detected!("xsave");
+        if !cpu {
+            return false;
+        }
+        // CPUID leaf 7 exists on every CPU with AVX-512.
+        let edx = __cpuid_count(7, 0).edx;
+        let (amx_bf16, amx_tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
+        // SAFETY: XSAVE was detected, so XGETBV reads XCR0.
+        let xcr0 = unsafe { xcr0() };
+        let os_tiles = xcr0 >> 17 & 3 == 3;
+        if !(amx_bf16 && amx_tile && os_tiles) {
+            return false;
+        }
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain syscall with integer arguments.
+        let granted = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        granted == 0
+    }
+
+    #[target_feature(enable = "xsave")]
+    unsafe fn xcr0() -> u64 {
+        _xgetbv(0)
+    }
+
+    /// Tiles 0 and 1 hold C (alternating groups), 2 holds A, 3 holds B;
+    /// each 16 rows of 64 bytes.
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+
+    fn config() -> Config {
+        let mut c = [0u8; 64];
+        c[0] = 1; // palette 1
+        for t in 0..6 {
+            c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
+            c[48 + t] = 16; // rows
+        }
+        Config(c)
+    }
+
+    const STRIDE: usize = 64;
+
+    /// C tile images in flight: a group's epilogue reads its image this many
+    /// tile products after storing it.
+    const DEPTH: usize = 3;
+    const C_TILES: usize = 4;
+
+    #[inline(always)]
+    unsafe fn load_a(p: *const Tile) {
+        unsafe {
+            asm!("tileloadd tmm2, [{p} + {s}*1]", p = in(reg) p, s = in(reg) STRIDE, options(nostack, readonly))
+        };
+    }
+
+    #[inline(always)]
+    unsafe fn load_b(p: *const Tile) {
+        unsafe {
+            asm!("tileloadd tmm3, [{p} + {s}*1]", p = in(reg) p, s = in(reg) STRIDE, options(nostack, readonly))
+        };
+    }
+
+    /// Zeroes C tile `c`, adds the products of the `count` (A, B) tile
+    /// pairs at `a` and `b`, stores it to `dst`.
+    #[inline(always)]
+    unsafe fn group_product(
+        c: usize,
+        a: *const Tile,
+        b: *const Tile,
+        count: usize,
+        dst: *mut [[f32; 16]; 16],
+    ) {
+        macro_rules! on_tile {
+            ($t:literal) => {{
+                asm!(concat!("tilezero tmm", $t), options(nostack, nomem));
+                for t in 0..count {
+                    load_a(a.add(t));
+                    load_b(b.add(t));
+                    asm!(concat!("tdpbf16ps tmm", $t, ", tmm2, tmm3"), options(nostack, nomem));
+                }
+                asm!(concat!("tilestored [{p} + {s}*1], tmm", $t), p = in(reg) dst, s = in(reg) STRIDE, options(nostack));
+            }};
+        }
+        // SAFETY (all): the tiles are configured; the pointers are 1 KiB images.
+        unsafe {
+            match c % C_TILES {
+                0 => on_tile!(0),
+                1 => on_tile!(1),
+                2 => on_tile!(4),
+                _ => on_tile!(5),
+            }
+        }
+    }
+
+    /// One x row's 32-slot chunk (positions `slots` of `x`, -1 for none)
+    /// into column `col` (hi) and `col + 8` (lo) of a B tile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn split_chunk(x: &[f32], slots: &[i32], tile: &mut Tile, col: usize) {
+        debug_assert_eq!(slots.len(), CHUNK);
+        debug_assert!(slots.iter().all(|&s| s < x.len() as i32));
+        let gather = |half: usize| {
+            // SAFETY: 16 slot indices; each valid one indexes x.
+            unsafe {
+                let idx = _mm512_loadu_si512(slots.as_ptr().add(16 * half).cast());
+                let valid = _mm512_cmpge_epi32_mask(idx, _mm512_setzero_si512());
+                _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), valid, idx, x.as_ptr().cast())
+            }
+        };
+        let (a, b) = (gather(0), gather(1));
+        let hi: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+        let (hi_a, hi_b) = (
+            widen(_mm512_castsi512_si256(hi)),
+            widen(_mm512_extracti64x4_epi64::<1>(hi)),
+        );
+        let lo: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(
+            _mm512_sub_ps(b, hi_b),
+            _mm512_sub_ps(a, hi_a),
+        ));
+        let rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(16),
+        );
+        let base = tile.0.as_mut_ptr().cast::<u32>();
+        for (pairs, c) in [(hi, col), (lo, col + X_ROWS)] {
+            // SAFETY: row r, column c of the 16×16 tile (dword r of `pairs`
+            // is slots 2r and 2r + 1).
+            unsafe { _mm512_i32scatter_epi32::<4>(base.add(c).cast(), rows, pairs) };
+        }
+    }
+
+    /// 16 bf16 values back to f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn widen(h: __m256i) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+
+    /// Scales or biases (f32, f16 or bf16) to f32, 16 at a time.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn params_f32<P: Element>(src: &[P], dst: &mut [f32]) {
+        use std::any::TypeId;
+        debug_assert_eq!(src.len(), dst.len());
+        let mut i = 0;
+        while i < src.len() {
+            let left = (src.len() - i).min(16);
+            let mask: __mmask16 = if left == 16 { 0xffff } else { (1 << left) - 1 };
+            // SAFETY: the mask keeps both accesses inside the slices.
+            unsafe {
+                let at = src.as_ptr().add(i);
+                let v = if TypeId::of::<P>() == TypeId::of::<f32>() {
+                    _mm512_maskz_loadu_ps(mask, at.cast())
+                } else {
+                    let halves = _mm256_maskz_loadu_epi16(mask, at.cast());
+                    if TypeId::of::<P>() == TypeId::of::<half::f16>() {
+                        _mm512_cvtph_ps(halves)
+                    } else {
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
+                    }
+                };
+                _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i), mask, v);
+            }
+            i += left;
+        }
+    }
+
+    /// bf16 of 0..=15 for index bits 0..4 (the low nibble and one more bit).
+    fn nibble_table() -> [u16; 32] {
+        std::array::from_fn(|i| ((i & 15) as f32).to_bits().wrapping_shr(16) as u16)
+    }
+
+    /// Weight rows `r0..r0 + count` (count ≤ 16) as A tiles, one per chunk of
+    /// K, and their scales and biases in f32 (`[16][groups]`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn unpack_rows<P: Element>(
+        w: &QView<P>,
+        r0: usize,
+        count: usize,
+        a: &mut [Tile],
+        scales: &mut [f32],
+        biases: &mut [f32],
+    ) {
+        let lay = &w.lay;
+        let (k_chunks, groups) = (lay.k / CHUNK, lay.groups_per_row);
+        let table = nibble_table();
+        let table = unsafe { _mm512_loadu_si512(table.as_ptr().cast()) };
+        for n in 0..count {
+            let row = w.row(r0 + n);
+            unsafe {
+                params_f32(row.scales, &mut scales[n * groups..][..groups]);
+                params_f32(row.biases, &mut biases[n * groups..][..groups]);
+            }
+            let bytes = row.w.as_ptr().cast::<u8>();
+            // The rows stream from memory: ask for a few rows ahead (a hint,
+            // never a fault, even past the end).
+            let row_bytes = lay.k * lay.bits as usize / 8;
+            for line in (0..row_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(bytes.wrapping_add(4 * row_bytes + line).cast());
+            }
+            let base = a.as_mut_ptr();
+            let dst = |t: usize| unsafe { (*base.add(t)).0[n].as_mut_ptr().cast::<__m512i>() };
+            // SAFETY (loads and stores below): the row holds k·bits/8 bytes;
+            // chunk t of 32 values is bytes [t·32·bits/8, (t+1)·32·bits/8).
+            unsafe {
+                if lay.bits == 4 {
+                    let mut t = 0;
+                    while t + 2 <= k_chunks {
+                        let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(bytes.add(16 * t).cast()));
+                        let lo = _mm512_permutexvar_epi16(v, table);
+                        let hi = _mm512_permutexvar_epi16(_mm512_srli_epi16::<4>(v), table);
+                        _mm512_store_si512(dst(t), _mm512_shuffle_i64x2::<0b01_00_01_00>(lo, hi));
+                        _mm512_store_si512(
+                            dst(t + 1),
+                            _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi),
+                        );
+                        t += 2;
+                    }
+                    if t < k_chunks {
+                        let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(bytes.add(16 * t).cast()));
+                        let lo = _mm512_permutexvar_epi16(_mm512_castsi256_si512(v), table);
+                        let hi = _mm512_permutexvar_epi16(
+                            _mm512_castsi256_si512(_mm256_srli_epi16::<4>(v)),
+                            table,
+                        );
+                        let row = _mm512_inserti64x4::<1>(lo, _mm512_castsi512_si256(hi));
+                        _mm512_store_si512(dst(t), row);
+                    }
+                } else {
+                    for t in 0..k_chunks {
+                        let at = bytes.add(32 * t);
+                        let fa =
+                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(at.cast())));
+                        let fb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                            at.add(16).cast(),
+                        )));
+                        let row: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(fb, fa));
+                        _mm512_store_si512(dst(t), row);
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn drive<P: Element>(
+        ax: &AmxX,
+        xrows: Range<usize>,
+        w: &QView<P>,
+        rows: Range<usize>,
+        out: &mut [f32],
+        st: OutStrides,
+    ) {
+        let lay = &w.lay;
+        let (k_chunks, groups) = (ax.k_chunks, ax.groups);
+        let per_group = lay.group_size / CHUNK;
+        let mut a = vec![ZERO_TILE; k_chunks];
+        let mut scales = vec![0.0f32; W_ROWS * groups];
+        let mut biases = vec![0.0f32; W_ROWS * groups];
+        let mut c_buf = [CTile([[0.0; 16]; 16]); DEPTH];
+        let mut total = [[0.0f32; 16]; W_ROWS];
+        let cfg = config();
+        // SAFETY: AMX was granted; the configuration is well-formed.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let count = (rows.end - r0).min(W_ROWS);
+            unsafe { unpack_rows(w, r0, count, &mut a, &mut scales, &mut biases) };
+            for c in xrows.start / X_ROWS..xrows.end.div_ceil(X_ROWS) {
+                let b = &ax.tiles[c * k_chunks..][..k_chunks];
+                let sums = &ax.group_sums[c * groups..][..groups];
+                let (a_at, b_at) = (a.as_ptr(), b.as_ptr());
+                let mut acc = [_mm512_setzero_ps(); W_ROWS];
+                let images = c_buf.as_mut_ptr();
+                let product = |g: usize| {
+                    let t = g * per_group;
+                    // SAFETY: g % DEPTH indexes c_buf; nothing else holds that image now.
+                    unsafe {
+                        let dst = &mut (*images.add(g % DEPTH)).0;
+                        group_product(g, a_at.add(t), b_at.add(t), per_group, dst)
+                    };
+                };
+                for g in 0..(DEPTH - 1).min(groups) {
+                    product(g);
+                }
+                for g in 0..groups {
+                    if g + DEPTH - 1 < groups {
+                        product(g + DEPTH - 1);
+                    }
+                    let cb = unsafe { &(*images.add(g % DEPTH)).0 };
+                    let gs = unsafe { _mm512_loadu_ps(sums[g].as_ptr()) };
+                    for n in 0..W_ROWS {
+                        let cv = unsafe { _mm512_load_ps(cb[n].as_ptr()) };
+                        let s = _mm512_set1_ps(scales[n * groups + g]);
+                        let bias = _mm512_set1_ps(biases[n * groups + g]);
+                        acc[n] = _mm512_fmadd_ps(cv, s, acc[n]);
+                        acc[n] = _mm512_fmadd_ps(bias, gs, acc[n]);
+                    }
+                }
+                // hi + lo halves: lanes 0..8 hold the sums of the chunk's x rows.
+                for n in 0..count {
+                    let swapped = _mm512_shuffle_f32x4::<0b01_00_11_10>(acc[n], acc[n]);
+                    unsafe {
+                        _mm512_storeu_ps(total[n].as_mut_ptr(), _mm512_add_ps(acc[n], swapped))
+                    };
+                }
+                let first = (c * X_ROWS).max(xrows.start);
+                let end = ((c + 1) * X_ROWS).min(xrows.end);
+                for i in first..end {
+                    let base = (i - xrows.start) * st.x_stride + (r0 - rows.start) * st.w_stride;
+                    for (n, t) in total.iter().enumerate().take(count) {
+                        out[base + n * st.w_stride] = t[i - c * X_ROWS];
+                    }
+                }
+            }
+            r0 += count;
+        }
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+
+    /// Weight rows `r0..r0 + count` (count ≤ 16) dequantized (`s·q + b` in
+    /// f32) and split into bf16 `hi` (the f32's upper half, exact) and
+    /// `lo = bf16(w − hi)`, as A tiles in [`Form::Dequantized`]'s slots.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    unsafe fn dequantize_rows<P: Element>(
+        w: &QView<P>,
+        r0: usize,
+        count: usize,
+        hi: &mut [Tile],
+        lo: &mut [Tile],
+    ) {
+        let lay = &w.lay;
+        let (words, vpw, log2) = (
+            lay.words_per_row,
+            lay.vals_per_word,
+            lay.words_per_group_log2,
+        );
+        let lane_group = _mm512_srlv_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(log2 as i32),
+        );
+        let table = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let upper = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+        let mut params = [0.0f32; 32];
+        for n in 0..count {
+            let row = w.row(r0 + n);
+            let at = row.w.as_ptr();
+            for b0 in (0..words).step_by(16) {
+                let lanes = (words - b0).min(16);
+                let mask: __mmask16 = if lanes == 16 {
+                    0xffff
+                } else {
+                    (1 << lanes) - 1
+                };
+                let (g0, g1) = (b0 >> log2, (b0 + lanes - 1) >> log2);
+                let groups = g1 - g0 + 1;
+                // SAFETY (loads): the masks keep them inside the row.
+                let (s_l, b_l) = unsafe {
+                    params_f32(&row.scales[g0..=g1], &mut params[..groups]);
+                    params_f32(&row.biases[g0..=g1], &mut params[16..16 + groups]);
+                    (
+                        _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(params.as_ptr())),
+                        _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(params.as_ptr().add(16))),
+                    )
+                };
+                let wv = unsafe { _mm512_maskz_loadu_epi32(mask, at.add(b0).cast()) };
+                let split = |v: usize| {
+                    let q = if vpw == 8 {
+                        let shifted = _mm512_srlv_epi32(wv, _mm512_set1_epi32(4 * v as i32));
+                        _mm512_permutexvar_ps(shifted, table)
+                    } else {
+                        let v = v as i32;
+                        let pick = (-256i32) | v;
+                        let idx = _mm512_set4_epi32(pick + 12, pick + 8, pick + 4, pick);
+                        _mm512_cvtepi32_ps(_mm512_shuffle_epi8(wv, idx))
+                    };
+                    let x = _mm512_maskz_fmadd_ps(mask, q, s_l, b_l);
+                    let h = _mm512_and_si512(_mm512_castps_si512(x), upper);
+                    let h = _mm512_castsi512_ps(h);
+                    (h, _mm512_sub_ps(x, h))
+                };
+                let block = b0 / 16;
+                for p in 0..vpw / 2 {
+                    let t = block * (vpw / 2) + p;
+                    let ((h0, l0), (h1, l1)) = (split(2 * p), split(2 * p + 1));
+                    let hv: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(h1, h0));
+                    let lv: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(l1, l0));
+                    // SAFETY: t < chunks = blocks · vpw / 2; row n of a tile.
+                    unsafe {
+                        _mm512_store_si512(
+                            hi.as_mut_ptr().add(t).cast::<[u32; 16]>().add(n).cast(),
+                            hv,
+                        );
+                        _mm512_store_si512(
+                            lo.as_mut_ptr().add(t).cast::<[u32; 16]>().add(n).cast(),
+                            lv,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Form::Dequantized`]: per tile of 16 weight rows, dequantize once,
+    /// then for each pair of x chunks accumulate `hi·x + lo·x` over all of K
+    /// in two C tiles and store them once.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn drive_dequantized<P: Element>(
+        ax: &AmxX,
+        xrows: Range<usize>,
+        w: &QView<P>,
+        rows: Range<usize>,
+        out: &mut [f32],
+        st: OutStrides,
+    ) {
+        let chunks = ax.k_chunks;
+        let mut hi = vec![ZERO_TILE; chunks];
+        let mut lo = vec![ZERO_TILE; chunks];
+        let mut c_img = [CTile([[0.0; 16]; 16]); 2];
+        let cfg = config();
+        // SAFETY: AMX was granted; the configuration is well-formed.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+        let (first_chunk, end_chunk) = (xrows.start / X_ROWS, xrows.end.div_ceil(X_ROWS));
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let count = (rows.end - r0).min(W_ROWS);
+            unsafe { dequantize_rows(w, r0, count, &mut hi, &mut lo) };
+            let mut c = first_chunk;
+            while c < end_chunk {
+                let pair = c + 1 < end_chunk;
+                let b0 = ax.tiles[c * chunks..].as_ptr();
+                let b1 = if pair {
+                    ax.tiles[(c + 1) * chunks..].as_ptr()
+                } else {
+                    b0
+                };
+                // SAFETY (tile ops): configured tiles; every pointer is a 1 KiB image.
+                unsafe {
+                    asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+                    for t in 0..chunks {
+                        load_a(hi.as_ptr().add(t));
+                        asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) lo.as_ptr().add(t), s = in(reg) STRIDE, options(nostack, readonly));
+                        load_b(b0.add(t));
+                        asm!(
+                            "tdpbf16ps tmm0, tmm2, tmm3",
+                            "tdpbf16ps tmm0, tmm4, tmm3",
+                            options(nostack, nomem)
+                        );
+                        if pair {
+                            asm!("tileloadd tmm5, [{p} + {s}*1]", p = in(reg) b1.add(t), s = in(reg) STRIDE, options(nostack, readonly));
+                            asm!(
+                                "tdpbf16ps tmm1, tmm2, tmm5",
+                                "tdpbf16ps tmm1, tmm4, tmm5",
+                                options(nostack, nomem)
+                            );
+                        }
+                    }
+                    asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) c_img[0].0.as_mut_ptr(), s = in(reg) STRIDE, options(nostack));
+                    asm!("tilestored [{p} + {s}*1], tmm1", p = in(reg) c_img[1].0.as_mut_ptr(), s = in(reg) STRIDE, options(nostack));
+                }
+                for (h, img) in c_img.iter().enumerate().take(if pair { 2 } else { 1 }) {
+                    let cc = c + h;
+                    let first = (cc * X_ROWS).max(xrows.start);
+                    let end = ((cc + 1) * X_ROWS).min(xrows.end);
+                    for i in first..end {
+                        let m = i - cc * X_ROWS;
+                        let base =
+                            (i - xrows.start) * st.x_stride + (r0 - rows.start) * st.w_stride;
+                        for (n, crow) in img.0.iter().enumerate().take(count) {
+                            out[base + n * st.w_stride] = crow[m] + crow[m + X_ROWS];
+                        }
+                    }
+                }
+                c += if pair { 2 } else { 1 };
+            }
+            r0 += count;
+        }
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cpu::quant::PreparedX;
+    use crate::kernels::cpu::simd::test_util::Rng;
+
+    /// Speed of the tiles against the AVX-512 VNNI kernel at the default
+    /// model's batched-decode and prefill shapes (`--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn speed() {
+        if !available() {
+            return;
+        }
+        let mut rng = Rng::new(7);
+        for (m, n, k, bits) in [
+            (2, 1536, 576, 4),
+            (8, 1536, 576, 4),
+            (8, 576, 1536, 4),
+            (16, 1536, 576, 4),
+            (64, 1536, 576, 4),
+            (128, 1536, 576, 4),
+            (256, 576, 1536, 4),
+        ] {
+            let lay = Layout::new(bits, 32, n, k).unwrap();
+            let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
+            let groups = n * lay.groups_per_row;
+            let s: Vec<half::f16> = rng.elems(groups, 0.02);
+            let b: Vec<half::f16> = rng.elems(groups, 0.1);
+            let x: Vec<f32> = rng.elems(m * k, 1.0);
+            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
+            let st = OutStrides {
+                x_stride: n,
+                w_stride: 1,
+            };
+            let mut out = vec![0.0f32; m * n];
+            let reps = (4e8 as usize / (m * n * k)).max(3);
+            let mut time = |amx: bool| {
+                let px = PreparedX::with_amx(x.chunks_exact(k), &lay, true, amx);
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    super::super::qdot512::dot_rows(&px, 0..m, &wv, 0..n, &mut out, st);
+                }
+                t.elapsed().as_secs_f64() / reps as f64
+            };
+            let (vnni, tiles) = (time(false), time(true));
+            let gmacs = |s: f64| (m * n * k) as f64 / s / 1e9;
+            println!(
+                "m={m:3} n={n:5} k={k:4} {bits}-bit: VNNI {:7.1} us {:6.1} GMAC/s; AMX {:7.1} us {:6.1} GMAC/s",
+                vnni * 1e6,
+                gmacs(vnni),
+                tiles * 1e6,
+                gmacs(tiles)
+            );
+        }
+    }
+}
