@@ -853,7 +853,7 @@ mod tests {
         }
         let mut rng = Rng::new(0x512);
         // m covers every register block (4, 2, 1 x rows, and the 4-row
-        // block repeated); n leaves
+        // block repeated) and both AMX forms; n leaves
         // remainders of the 4- and 2-row weight blocks; k = 576 leaves a
         // half block (4-bit), k = 96 only a short block.
         for (m, n, k, bits, group) in [
@@ -863,6 +863,10 @@ mod tests {
             (12, 7, 256, 8, 128),
             (6, 5, 96, 4, 32),
             (2, 33, 1536, 4, 128),
+            // 64+ rows: AMX's dequantized form (pairs of x chunks and a
+            // single one; a short last block).
+            (70, 9, 576, 4, 32),
+            (66, 5, 256, 8, 64),
         ] {
             for mode in [(false, false), (true, false), (true, true)] {
                 let usable = match mode {

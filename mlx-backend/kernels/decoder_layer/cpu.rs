@@ -24,7 +24,7 @@ use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team::{self, SharedSlice};
 use crate::kernels::cpu::{run_entry, with_float, FloatKind, XPrecision};
 use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with;
-use crate::kernels::quantized_matmul::cpu::quantized_matmul_with;
+use crate::kernels::quantized_matmul::cpu::{quantized_matmul_shared_x, quantized_matmul_with};
 use crate::kernels::registry::Kernel;
 use crate::kernels::rms_norm::cpu::rms_norm;
 
@@ -226,10 +226,25 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
 
         // q, k, v projections of norm1(x).
         let xn = norm(x, &norm1, rows, h)?;
-        for (buf, mat, n) in [(&q, wq, nq * d), (&k, wk, nkv * d), (&v, wv, nkv * d)] {
-            let cols = m.share(n, SHARE_ALIGN);
-            let tmp = project_cols(&xn, mat, rows, h, &cols, g.x_precision)?;
-            unsafe { buf.write_cols(&tmp, n, &cols) };
+        let targets = [(&q, wq, nq * d), (&k, wk, nkv * d), (&v, wv, nkv * d)];
+        let shares = targets.map(|(_, _, n)| m.share(n, SHARE_ALIGN));
+        let mut tmps = shares.clone().map(|cols| vec![0.0f32; rows * cols.len()]);
+        let mut parts: Vec<_> = targets
+            .iter()
+            .zip(&shares)
+            .zip(tmps.iter_mut())
+            .filter(|((_, cols), _)| !cols.is_empty())
+            .map(|(((_, mat, _), cols), tmp)| {
+                (
+                    mat.rows(h, cols.start, cols.len()),
+                    tmp.as_mut_slice(),
+                    cols.len(),
+                )
+            })
+            .collect();
+        quantized_matmul_shared_x(&xn, &mut parts, rows, h, g.x_precision)?;
+        for (((buf, _, n), cols), tmp) in targets.iter().zip(&shares).zip(&tmps) {
+            unsafe { buf.write_cols(tmp, *n, cols) };
         }
         m.barrier()?;
 

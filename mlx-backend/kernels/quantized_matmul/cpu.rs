@@ -187,6 +187,50 @@ fn try_for_tiles<T: Send, B>(
     }
 }
 
+/// `out_i = x · W_iᵀ` (`[m, n_i]` each) for matrices sharing K, in one
+/// thread. Where the AVX-512 kernel runs, all share their (bits,
+/// group_size) and x is not int8, x is prepared once for all of them (the
+/// q, k and v projections of a decoder block); else each is its own call.
+pub(crate) fn quantized_matmul_shared_x<P: Element>(
+    x: &[f32],
+    parts: &mut [(QuantMatrix<P>, &mut [f32], usize)],
+    m: usize,
+    k: usize,
+    xp: XPrecision,
+) -> Result<(), KernelError> {
+    let Some((first, _, _)) = parts.first() else {
+        return Ok(());
+    };
+    let (bits, group) = (first.bits, first.group_size);
+    let shared = qdot512::available()
+        && xp.int8().is_none()
+        && parts
+            .iter()
+            .all(|(w, _, _)| w.bits == bits && w.group_size == group);
+    if !shared {
+        for (w, out, n) in parts.iter_mut() {
+            quantized_matmul_with(x, *w, out, m, *n, k, xp)?;
+        }
+        return Ok(());
+    }
+    check_len("x", x.len(), m.checked_mul(k))?;
+    let lay = Layout::new(bits, group, 1, k)?;
+    let px = PreparedX::new(x.chunks_exact(k), &lay, xp.int16());
+    for (w, out, n) in parts.iter_mut() {
+        let lay = Layout::new(bits, group, *n, k)?;
+        let wv = QView::new("w", w.w, w.scales, w.biases, lay, 1)?;
+        check_len("out", out.len(), m.checked_mul(*n))?;
+        if m > 0 && *n > 0 {
+            let strides = qdot512::OutStrides {
+                x_stride: *n,
+                w_stride: 1,
+            };
+            qdot512::dot_rows(&px, 0..m, &wv, 0..*n, out, strides);
+        }
+    }
+    Ok(())
+}
+
 /// `m` x rows against `w`, each team member taking a share of W's rows
 /// (the output columns) for every x row, so W is read once.
 fn matmul_on_team<T: Element, P: Element>(
@@ -445,6 +489,43 @@ mod tests {
         for m in [1, 6] {
             case_mixed::<f32, f16>(&mut rng, m, 37, 256, 4, 32);
             case_mixed::<f32, bf16>(&mut rng, m, 37, 256, 8, 64);
+        }
+    }
+
+    /// One prepared x for several matrices gives each matrix's own result,
+    /// bit for bit, in exact and int16 x and for 1, 3 and 70 x rows (the
+    /// AVX-512 kernel and both AMX forms where this CPU has them); matrices
+    /// quantized differently take separate calls.
+    #[test]
+    fn shared_x_matches_separate_calls() {
+        let mut rng = Rng::new(0x5a7e);
+        let k = 192;
+        for xp in [XPrecision::Exact, XPrecision::Int16] {
+            for m in [1, 3, 70] {
+                for quant in [[(4, 32); 3], [(4, 32), (8, 64), (4, 32)]] {
+                    let ns = [40, 24, 17];
+                    let ws: Vec<Owned<f16>> = quant
+                        .iter()
+                        .zip(ns)
+                        .map(|(&(bits, group), n)| Owned::random(&mut rng, n, k, bits, group))
+                        .collect();
+                    let x: Vec<f32> = rng.elems(m * k, 1.0);
+                    let mut separate: Vec<Vec<f32>> = ns.iter().map(|n| vec![0.0; m * n]).collect();
+                    for ((w, out), n) in ws.iter().zip(&mut separate).zip(ns) {
+                        quantized_matmul_with(&x, w.matrix(), out, m, n, k, xp).unwrap();
+                    }
+                    let mut shared: Vec<Vec<f32>> =
+                        ns.iter().map(|n| vec![f32::NAN; m * n]).collect();
+                    let mut parts: Vec<_> = ws
+                        .iter()
+                        .zip(shared.iter_mut())
+                        .zip(ns)
+                        .map(|((w, out), n)| (w.matrix(), out.as_mut_slice(), n))
+                        .collect();
+                    quantized_matmul_shared_x(&x, &mut parts, m, k, xp).unwrap();
+                    assert_eq!(shared, separate, "{xp:?} m={m} {quant:?}");
+                }
+            }
         }
     }
 
