@@ -80,6 +80,8 @@ fn quantized_matmul_is_within_bound() {
                     (vec![1], 384, 97),
                     (vec![33], 256, 72),
                     (vec![2, 3], 96, 41),
+                    // 64+ rows: the AMX tiles' dequantized form, where the CPU has AMX.
+                    (vec![70], 256, 40),
                 ] {
                     if k % group != 0 {
                         continue;
@@ -119,7 +121,7 @@ fn gate_qmv_silu_mul_is_within_bound() {
     for dtype in [Dtype::F32, Dtype::BF16] {
         for bits in [4, 8] {
             for group in [32, 128] {
-                for (lead, k, n) in [(vec![1], 256, 96), (vec![17], 384, 40)] {
+                for (lead, k, n) in [(vec![1], 256, 96), (vec![17], 384, 40), (vec![66], 128, 24)] {
                     seed += 3;
                     let gate = weights(&[], n, k, dtype, bits, group, seed);
                     let up = weights(&[], n, k, dtype, bits, group, seed + 1);

@@ -34,9 +34,11 @@ pub(crate) const X_ROWS: usize = 8;
 const W_ROWS: usize = 16;
 /// Values of K per tile product.
 const CHUNK: usize = 32;
-/// Fewest x rows worth the tiles: one row keeps the AVX-512 kernel, which
-/// needs no per-group pass through memory.
-pub(crate) const MIN_ROWS: usize = 2;
+/// Fewest x rows worth the tiles. The grouped form costs about the same
+/// for 1 to 8 rows (its B tile has 8 rows' columns), the AVX-512 kernel
+/// grows with the rows: at 4 rows the tiles took 1.2–2× its time, at 8
+/// rows 0.7–0.95× (`amx::tests::speed`).
+pub(crate) const MIN_ROWS: usize = 8;
 
 /// True when AMX-BF16 may run: the CPU has it (and AVX-512 BF16 for the
 /// conversions), the OS saves tile state, this process was granted it,
@@ -754,6 +756,8 @@ mod tests {
         let mut rng = Rng::new(7);
         for (m, n, k, bits) in [
             (2, 1536, 576, 4),
+            (4, 1536, 576, 4),
+            (4, 576, 1536, 4),
             (8, 1536, 576, 4),
             (8, 576, 1536, 4),
             (16, 1536, 576, 4),

@@ -863,6 +863,8 @@ mod tests {
             (12, 7, 256, 8, 128),
             (6, 5, 96, 4, 32),
             (2, 33, 1536, 4, 128),
+            // 8+ rows on AMX's grouped form, a short final chunk of K.
+            (9, 5, 96, 4, 32),
             // 64+ rows: AMX's dequantized form (pairs of x chunks and a
             // single one; a short last block).
             (70, 9, 576, 4, 32),

@@ -493,7 +493,7 @@ mod tests {
     }
 
     /// One prepared x for several matrices gives each matrix's own result,
-    /// bit for bit, in exact and int16 x and for 1, 3 and 70 x rows (the
+    /// bit for bit, in exact and int16 x and for 1, 3, 9 and 70 x rows (the
     /// AVX-512 kernel and both AMX forms where this CPU has them); matrices
     /// quantized differently take separate calls.
     #[test]
@@ -501,7 +501,7 @@ mod tests {
         let mut rng = Rng::new(0x5a7e);
         let k = 192;
         for xp in [XPrecision::Exact, XPrecision::Int16] {
-            for m in [1, 3, 70] {
+            for m in [1, 3, 9, 70] {
                 for quant in [[(4, 32); 3], [(4, 32), (8, 64), (4, 32)]] {
                     let ns = [40, 24, 17];
                     let ws: Vec<Owned<f16>> = quant
