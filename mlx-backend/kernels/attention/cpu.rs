@@ -225,7 +225,7 @@ fn block<'q>(
                 if n == 0 {
                     continue;
                 }
-                let row = &scores[r][..n];
+                let row = &mut scores[r][..n];
                 let tile_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let new_m = m[r].max(tile_max);
                 let a = &mut acc[r * d..][..d];
@@ -235,9 +235,8 @@ fn block<'q>(
                     a.iter_mut().for_each(|x| *x *= corr);
                 }
                 m[r] = new_m;
-                for (j, &sc) in row.iter().enumerate() {
-                    let p = (sc - new_m).exp();
-                    sum[r] += p;
+                sum[r] += crate::kernels::cpu::vexp::exp_shifted_sum(row, new_m);
+                for (j, &p) in row.iter().enumerate() {
                     simd::axpy(a, p, v.row(t0 + j, d));
                 }
             }

@@ -376,11 +376,7 @@ fn attend(
         scores.extend(s.iter().take(quad.len()).map(|v| scale * v));
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
-    }
+    let sum = crate::kernels::cpu::vexp::exp_shifted_sum(scores, max);
     out.iter_mut().for_each(|o| *o = 0.0);
     for (p, v) in scores.iter().zip(values.chunks_exact(d)) {
         simd::axpy(out, p / sum, v);

@@ -348,9 +348,7 @@ fn dense_512<T: Element, P: Element>(
         let (xrows, cols, strides) = chunks.part(c, chunk.len());
         qdot512::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
         qdot512::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
-        for ((o, g), u) in chunk.iter_mut().zip(&bufs.0).zip(&bufs.1) {
-            *o = swiglu(*g, *u);
-        }
+        activate(&bufs.0, &bufs.1, chunk);
     };
     for_chunks(out, chunks.len, parallel, Default::default, body);
 }
@@ -359,6 +357,19 @@ fn dense_512<T: Element, P: Element>(
 /// CPU team member, which stays on its thread).
 fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
     m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !crate::kernels::cpu::team::in_team()
+}
+
+/// `out = swiglu(g, u)` elementwise: sixteen lanes at a time for f32 out
+/// (`vexp`), else per value with T's roundings.
+fn activate<T: Element>(g: &[f32], u: &[f32], out: &mut [T]) {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        // SAFETY: T is f32.
+        let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
+        return crate::kernels::cpu::vexp::swiglu_f32(g, u, out);
+    }
+    for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
+        *o = swiglu(*g, *u);
+    }
 }
 
 /// MLX's unfused rounding: g, u, sigmoid(g), g*sigmoid(g) and the product
