@@ -220,8 +220,12 @@ fn block<'q>(
                     scores[r][j - t0] = dot * scale;
                 }
             }
+            // Keys row r sees in this tile (non-decreasing in r).
+            let seen = [0, 1, 2, 3].map(|r| lim[r].min(t1).saturating_sub(t0));
             for r in 0..4 {
-                let n = lim[r].min(t1).saturating_sub(t0);
+                let n = seen[r];
+                // Probabilities past a row's last key stay 0 for `pv4`.
+                scores[r][n..seen[3]].fill(0.0);
                 if n == 0 {
                     continue;
                 }
@@ -235,11 +239,9 @@ fn block<'q>(
                     a.iter_mut().for_each(|x| *x *= corr);
                 }
                 m[r] = new_m;
-                sum[r] += crate::kernels::cpu::vexp::exp_shifted_sum(row, new_m);
-                for (j, &p) in row.iter().enumerate() {
-                    simd::axpy(a, p, v.row(t0 + j, d));
-                }
+                sum[r] += crate::kernels::cpu::vector_math::exp_shifted_sum(row, new_m);
             }
+            pv4(&mut acc, &scores, seen[3], v, t0, d);
         }
         for r in 0..(rows - r0).min(4) {
             let inv = 1.0 / sum[r];
@@ -247,6 +249,97 @@ fn block<'q>(
                 *o = a * inv;
             }
         }
+    }
+}
+
+/// `acc[r] += Σ_j p[r][j] · V[t0 + j]` for the 4 rows and `j < n`: with
+/// AVX-512 and `d` a multiple of 16, each value row is loaded once for the
+/// four rows and the accumulators stay in registers over the tile; else
+/// one `axpy` per row and key.
+fn pv4(acc: &mut [f32], p: &[[f32; KEY_TILE]; 4], n: usize, v: Rows<'_>, t0: usize, d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(16) && crate::kernels::cpu::qdot512::available() {
+        // SAFETY: AVX-512F was detected; `v` holds rows t0..t0 + n of d values.
+        return unsafe { x86::pv4(acc, p, n, v, t0, d) };
+    }
+    for (r, a) in acc.chunks_exact_mut(d).enumerate() {
+        for (j, &pj) in p[r][..n].iter().enumerate() {
+            simd::axpy(a, pj, v.row(t0 + j, d));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Rows, KEY_TILE};
+    use std::arch::x86_64::*;
+
+    /// [`super::pv4`] in column blocks of up to 64 values (4 × 4 registers
+    /// of accumulators).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv4(
+        acc: &mut [f32],
+        p: &[[f32; KEY_TILE]; 4],
+        n: usize,
+        v: Rows<'_>,
+        t0: usize,
+        d: usize,
+    ) {
+        let mut c0 = 0;
+        while c0 < d {
+            // SAFETY (each arm): c0 + 16·W ≤ d; `v` holds the rows.
+            unsafe {
+                c0 += match (d - c0) / 16 {
+                    1 => block::<1>(acc, p, n, v, t0, d, c0),
+                    2 => block::<2>(acc, p, n, v, t0, d, c0),
+                    3 => block::<3>(acc, p, n, v, t0, d, c0),
+                    _ => block::<4>(acc, p, n, v, t0, d, c0),
+                };
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + 16·W` of the four rows. Returns 16·W.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block<const W: usize>(
+        acc: &mut [f32],
+        p: &[[f32; KEY_TILE]; 4],
+        n: usize,
+        v: Rows<'_>,
+        t0: usize,
+        d: usize,
+        c0: usize,
+    ) -> usize {
+        let mut a = [[_mm512_setzero_ps(); W]; 4];
+        for (r, row) in a.iter_mut().enumerate() {
+            for (w, reg) in row.iter_mut().enumerate() {
+                // SAFETY: r·d + c0 + 16·w + 16 ≤ 4·d.
+                *reg = unsafe { _mm512_loadu_ps(acc.as_ptr().add(r * d + c0 + 16 * w)) };
+            }
+        }
+        for j in 0..n {
+            let vr = v.row(t0 + j, d);
+            let mut vv = [_mm512_setzero_ps(); W];
+            for (w, reg) in vv.iter_mut().enumerate() {
+                // SAFETY: c0 + 16·w + 16 ≤ d = vr.len().
+                *reg = unsafe { _mm512_loadu_ps(vr.as_ptr().add(c0 + 16 * w)) };
+            }
+            for (r, row) in a.iter_mut().enumerate() {
+                let pr = _mm512_set1_ps(p[r][j]);
+                for (reg, vw) in row.iter_mut().zip(&vv) {
+                    *reg = _mm512_fmadd_ps(pr, *vw, *reg);
+                }
+            }
+        }
+        for (r, row) in a.iter().enumerate() {
+            for (w, reg) in row.iter().enumerate() {
+                // SAFETY: as for the loads.
+                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(r * d + c0 + 16 * w), *reg) };
+            }
+        }
+        16 * W
     }
 }
 

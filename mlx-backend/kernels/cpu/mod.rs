@@ -9,7 +9,7 @@ pub(crate) mod qdot512;
 pub(crate) mod quant;
 pub(crate) mod simd;
 pub(crate) mod team;
-pub(crate) mod vexp;
+pub(crate) mod vector_math;
 
 pub(crate) use error::KernelError;
 

@@ -376,11 +376,11 @@ fn attend(
         scores.extend(s.iter().take(quad.len()).map(|v| scale * v));
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum = crate::kernels::cpu::vexp::exp_shifted_sum(scores, max);
+    let sum = crate::kernels::cpu::vector_math::exp_shifted_sum(scores, max);
+    let inv = 1.0 / sum;
+    scores.iter_mut().for_each(|p| *p *= inv);
     out.iter_mut().for_each(|o| *o = 0.0);
-    for (p, v) in scores.iter().zip(values.chunks_exact(d)) {
-        simd::axpy(out, p / sum, v);
-    }
+    crate::kernels::cpu::vector_math::weighted_rows(out, scores, values);
 }
 
 /// A buffer table from C++: `(address, bytes)` pairs of MLX buffers.

@@ -360,12 +360,12 @@ fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
 }
 
 /// `out = swiglu(g, u)` elementwise: sixteen lanes at a time for f32 out
-/// (`vexp`), else per value with T's roundings.
+/// (`vector_math`), else per value with T's roundings.
 fn activate<T: Element>(g: &[f32], u: &[f32], out: &mut [T]) {
     if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
         // SAFETY: T is f32.
         let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr().cast(), out.len()) };
-        return crate::kernels::cpu::vexp::swiglu_f32(g, u, out);
+        return crate::kernels::cpu::vector_math::swiglu_f32(g, u, out);
     }
     for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
         *o = swiglu(*g, *u);

@@ -1,8 +1,11 @@
-//! `exp` sixteen lanes at a time (AVX-512), for the softmax of attention
-//! and the SiLU of the gate kernels, where a scalar libm `expf` per value
-//! was a tenth of a 512-token prefill. Within 2 ulp of the exact value
-//! (`tests::matches_f64_exp`); NaN propagates, overflow gives +inf and
-//! underflow 0, as `f32::exp`. Without AVX-512 the scalar `f32::exp` runs.
+//! Sixteen lanes at a time (AVX-512), for attention and the gate kernels:
+//! - `exp`, for softmax and SiLU, where a scalar libm `expf` per value was
+//!   a tenth of a 512-token prefill: within 2 ulp of the exact value
+//!   (`tests::matches_f64_exp`); NaN propagates, overflow gives +inf and
+//!   underflow 0, as `f32::exp`;
+//! - the probability-weighted sum of value rows of one query.
+//!
+//! Without AVX-512 the scalar forms run.
 
 /// `x[i] = exp(x[i] - shift)`; returns the sum of the new values (the
 /// softmax denominator when `shift` is the row's maximum).
@@ -32,6 +35,22 @@ pub fn swiglu_f32(g: &[f32], u: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
         let sig = 1.0 / (1.0 + (-g).exp());
         *o = g * sig * u;
+    }
+}
+
+/// `out += Σ_j p[j] · rows[j]` over the rows of `rows` (`[p.len(), d]`,
+/// d = `out.len()`): the value side of a single query's attention, with the
+/// sums in registers where AVX-512 runs and d is a multiple of 16.
+pub fn weighted_rows(out: &mut [f32], p: &[f32], rows: &[f32]) {
+    let d = out.len();
+    assert!(rows.len() >= p.len() * d, "rows too short");
+    #[cfg(target_arch = "x86_64")]
+    if d.is_multiple_of(16) && d <= 256 && super::qdot512::available() {
+        // SAFETY: AVX-512F was detected; rows holds p.len() rows of d.
+        return unsafe { x86::weighted_rows(out, p, rows) };
+    }
+    for (pj, row) in p.iter().zip(rows.chunks_exact(d)) {
+        super::simd::axpy(out, *pj, row);
     }
 }
 
@@ -98,6 +117,29 @@ mod x86 {
         _mm512_reduce_add_ps(sum)
     }
 
+    /// [`super::weighted_rows`]: 16 registers of sums (d ≤ 256).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn weighted_rows(out: &mut [f32], p: &[f32], rows: &[f32]) {
+        let d = out.len();
+        let regs = d / 16;
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (j, &pj) in p.iter().enumerate() {
+            let pv = _mm512_set1_ps(pj);
+            // SAFETY: row j holds d = 16·regs values.
+            let row = unsafe { rows.as_ptr().add(j * d) };
+            for (w, a) in acc.iter_mut().enumerate().take(regs) {
+                *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(row.add(16 * w)) }, *a);
+            }
+        }
+        for (w, a) in acc.iter().enumerate().take(regs) {
+            // SAFETY: 16·w + 16 ≤ d.
+            unsafe {
+                let o = out.as_mut_ptr().add(16 * w);
+                _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *a));
+            }
+        }
+    }
+
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
         let one = _mm512_set1_ps(1.0);
@@ -161,6 +203,27 @@ mod tests {
         assert_eq!(edge[2], f32::INFINITY);
         assert_eq!(edge[3], 0.0);
         assert_eq!(edge[4], 1.0);
+    }
+
+    #[test]
+    fn weighted_rows_matches_f64() {
+        let mut rng = Rng::new(0x3e);
+        for d in [16, 48, 64, 256, 40] {
+            for n in [1, 5, 33] {
+                let p: Vec<f32> = rng.elems(n, 1.0);
+                let rows: Vec<f32> = rng.elems(n * d, 2.0);
+                let start: Vec<f32> = rng.elems(d, 1.0);
+                let mut out = start.clone();
+                weighted_rows(&mut out, &p, &rows);
+                for c in 0..d {
+                    let want = start[c] as f64
+                        + (0..n)
+                            .map(|j| p[j] as f64 * rows[j * d + c] as f64)
+                            .sum::<f64>();
+                    assert!((out[c] as f64 - want).abs() < 1e-5, "d {d} n {n} col {c}");
+                }
+            }
+        }
     }
 
     #[test]
