@@ -319,6 +319,8 @@ mod x86 {
                 *reg = unsafe { _mm512_loadu_ps(acc.as_ptr().add(r * d + c0 + 16 * w)) };
             }
         }
+        // j picks a column of the four probability rows and a value row.
+        #[allow(clippy::needless_range_loop)]
         for j in 0..n {
             let vr = v.row(t0 + j, d);
             let mut vv = [_mm512_setzero_ps(); W];
