@@ -189,6 +189,11 @@ pub fn dot2(x: &[f32], a: &[f32], b: &[f32]) -> (f32, f32) {
 /// `[x·w[0], x·w[1], x·w[2], x·w[3]]` reading `x` once (reassociated; FMA allowed).
 pub fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
+    if x.len() >= 16 && super::qdot512::available() {
+        // SAFETY: AVX-512F was detected.
+        return unsafe { avx512::dot4(x, w) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the required CPU features were detected above.
         return unsafe { avx2::dot4(x, w) };
@@ -228,6 +233,51 @@ mod portable {
             .map(|(x, y)| x * y)
             .sum();
         acc.iter().sum::<f32>() + tail
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::dot4`] 16 lanes at a time; the four sums fold together
+    /// before the final horizontal add.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+        let n = w.iter().fold(x.len(), |n, w| n.min(w.len()));
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in (0..n).step_by(16) {
+            let m: __mmask16 = if n - i >= 16 {
+                0xffff
+            } else {
+                (1 << (n - i)) - 1
+            };
+            // SAFETY: the mask keeps every load below n, inside all five slices.
+            unsafe {
+                let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
+                for (a, w) in acc.iter_mut().zip(&w) {
+                    *a = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(m, w.as_ptr().add(i)), *a);
+                }
+            }
+        }
+        // Halve the four vectors pairwise into one of four 4-lane sums.
+        let fold = |a: __m512, b: __m512| {
+            let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b);
+            let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b);
+            _mm512_add_ps(lo, hi)
+        };
+        // [a0+a2 a1+a3 | b0+b2 b1+b3] per 128-bit quarter, then the same for c, d.
+        let ab = fold(acc[0], acc[1]);
+        let cd = fold(acc[2], acc[3]);
+        let abcd = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd),
+        );
+        // Quarter q now holds row q's four partial sums.
+        let mut parts = [0.0f32; 16];
+        // SAFETY: 16 floats.
+        unsafe { _mm512_storeu_ps(parts.as_mut_ptr(), abcd) };
+        std::array::from_fn(|q| parts[4 * q..4 * q + 4].iter().sum())
     }
 }
 
@@ -690,6 +740,21 @@ mod tests {
         for (i, (o, g)) in out.iter().zip(&got).enumerate() {
             let want = T::from_f32(T::from_f32(g.to_f32() * 0.75).to_f32()).to_f32();
             assert_eq!(o.to_f32().to_bits(), want.to_bits(), "scale_mul_to {i}");
+        }
+    }
+
+    /// Every length class: below 16 (AVX2), whole and partial 16-lane blocks.
+    #[test]
+    fn dot4_matches_f64() {
+        let mut rng = Rng::new(0xd4);
+        for n in [3, 8, 15, 16, 17, 64, 100] {
+            let x: Vec<f32> = rng.elems(n, 1.0);
+            let w: Vec<Vec<f32>> = (0..4).map(|_| rng.elems(n, 1.0)).collect();
+            let got = dot4(&x, [&w[0], &w[1], &w[2], &w[3]]);
+            for (g, wr) in got.iter().zip(&w) {
+                let want: f64 = x.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                assert!((*g as f64 - want).abs() < 1e-5, "n {n}: {g} vs {want}");
+            }
         }
     }
 
