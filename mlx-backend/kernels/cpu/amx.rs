@@ -99,7 +99,23 @@ struct Tile([[u32; 16]; 16]);
 #[repr(C, align(64))]
 struct CTile([[f32; 16]; 16]);
 
-const ZERO_TILE: Tile = Tile([[0; 16]; 16]);
+/// `n` zeroed tiles from the zeroing allocator (`vec![tile; n]` would copy
+/// a tile per element: a tenth of x's preparation).
+fn zeroed_tiles(n: usize) -> Vec<Tile> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let layout = std::alloc::Layout::array::<Tile>(n).expect("tile count");
+    // SAFETY: a non-zero-sized layout; all-zero bits are a valid Tile; the
+    // Vec takes the allocation with that layout's size and alignment.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<Tile>();
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(ptr, n, n)
+    }
+}
 
 impl AmxX {
     /// `x` row-major `[rows, lay.k]` in f32; `group_sums` `[rows, groups]`.
@@ -119,7 +135,7 @@ impl AmxX {
         let slots = slots(lay, form);
         let k_chunks = slots.len() / CHUNK;
         let chunks = rows.div_ceil(X_ROWS);
-        let mut tiles = vec![ZERO_TILE; chunks * k_chunks];
+        let mut tiles = zeroed_tiles(chunks * k_chunks);
         let mut sums = vec![[0.0f32; 16]; chunks * groups];
         for r in 0..rows {
             let (c, col) = (r / X_ROWS, r % X_ROWS);
@@ -514,7 +530,7 @@ mod x86 {
         let lay = &w.lay;
         let (k_chunks, groups) = (ax.k_chunks, ax.groups);
         let per_group = lay.group_size / CHUNK;
-        let mut a = vec![ZERO_TILE; k_chunks];
+        let mut a = zeroed_tiles(k_chunks);
         let mut scales = vec![0.0f32; W_ROWS * groups];
         let mut biases = vec![0.0f32; W_ROWS * groups];
         let mut c_buf = [CTile([[0.0; 16]; 16]); DEPTH];
@@ -677,8 +693,8 @@ mod x86 {
         st: OutStrides,
     ) {
         let chunks = ax.k_chunks;
-        let mut hi = vec![ZERO_TILE; chunks];
-        let mut lo = vec![ZERO_TILE; chunks];
+        let mut hi = zeroed_tiles(chunks);
+        let mut lo = zeroed_tiles(chunks);
         let mut c_img = [CTile([[0.0; 16]; 16]); 4];
         let cfg = config();
         // SAFETY: AMX was granted; the configuration is well-formed.
