@@ -1,4 +1,4 @@
-//! Quantized dot products of two or more x rows on Intel AMX (Sapphire /
+//! Quantized dot products of [`MIN_ROWS`] or more x rows on Intel AMX (Sapphire /
 //! Emerald / Granite Rapids): `tdpbf16ps` multiplies 16 weight rows by 16
 //! x columns over 32 values in one instruction (8192 multiply-adds; the
 //! AVX-512 kernel does 32 per instruction).
@@ -133,7 +133,8 @@ impl AmxX {
             Form::Grouped
         };
         let slots = slots(lay, form);
-        let k_chunks = slots.len() / CHUNK;
+        let k_chunks = chunk_count(lay, form);
+        debug_assert_eq!(slots.len(), k_chunks * CHUNK);
         let chunks = rows.div_ceil(X_ROWS);
         let mut tiles = zeroed_tiles(chunks * k_chunks);
         let mut sums = vec![[0.0f32; 16]; chunks * groups];
@@ -172,6 +173,14 @@ impl AmxX {
     /// True in [`Form::Dequantized`] (each call dequantizes all of W).
     pub(crate) fn dequantized(&self) -> bool {
         self.form == Form::Dequantized
+    }
+}
+
+/// The 32-slot chunks of K in `form` (the length of [`slots`] / 32).
+fn chunk_count(lay: &Layout, form: Form) -> usize {
+    match form {
+        Form::Grouped => lay.k / CHUNK,
+        Form::Dequantized => lay.words_per_row.div_ceil(16) * (lay.vals_per_word / 2),
     }
 }
 
@@ -220,13 +229,13 @@ fn slots(lay: &Layout, form: Form) -> Vec<i32> {
 }
 
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for x rows `xrows` of
-/// `ax` and weight rows `rows`, written as [`super::qdot512::dot_rows`]
-/// writes.
+/// `ax` and weight rows `rows`: [`super::qdot512::dot_rows`]'s body for x on
+/// the tiles, called by it once it has bounded the ranges and `out`
+/// (non-empty).
 ///
 /// # Panics
-/// When `ax` was built for another layout, the ranges leave x or W, or
-/// `out` is too short for the strides.
-pub(crate) fn dot_rows<P: Element>(
+/// When `ax` was built for another layout.
+pub(super) fn dot_rows<P: Element>(
     ax: &AmxX,
     xrows: Range<usize>,
     w: &QView<P>,
@@ -238,16 +247,11 @@ pub(crate) fn dot_rows<P: Element>(
     assert!(available());
     assert_eq!(ax.bits, lay.bits);
     assert_eq!(ax.groups, lay.groups_per_row);
-    assert_eq!(ax.k_chunks * CHUNK, slots(lay, ax.form).len());
+    assert_eq!(ax.k_chunks, chunk_count(lay, ax.form));
     assert!(xrows.end <= ax.rows);
-    assert!(rows.end <= w.w.len() / lay.words_per_row);
-    if xrows.is_empty() || rows.is_empty() {
-        return;
-    }
-    let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
-    assert!(last < out.len(), "output too short");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AMX was detected and granted; the asserts bound every access.
+    // SAFETY: AMX was detected and granted; these asserts and the caller's
+    // bound every access.
     unsafe {
         match ax.form {
             Form::Grouped => x86::drive(ax, xrows, w, rows, out, strides),
@@ -256,9 +260,35 @@ pub(crate) fn dot_rows<P: Element>(
     };
 }
 
+/// x chunk `c`'s results from its C image (`[W row][hi 0..8 | lo 8..16]`)
+/// into `out` as `dot_rows` writes it: hi + lo for the chunk's rows inside
+/// `xrows` and the image's first `count` weight rows, output column `col0` on.
+fn store_chunk(
+    img: &CTile,
+    c: usize,
+    count: usize,
+    xrows: &Range<usize>,
+    col0: usize,
+    out: &mut [f32],
+    st: OutStrides,
+) {
+    let first = (c * X_ROWS).max(xrows.start);
+    let end = ((c + 1) * X_ROWS).min(xrows.end);
+    for i in first..end {
+        let m = i - c * X_ROWS;
+        let base = (i - xrows.start) * st.x_stride + col0 * st.w_stride;
+        for (n, row) in img.0.iter().enumerate().take(count) {
+            out[base + n * st.w_stride] = row[m] + row[m + X_ROWS];
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use crate::kernels::cpu::qdot512::x86::{
+        lane_groups, lane_params, load_params, nibble_values, unpack,
+    };
     use std::arch::asm;
     use std::arch::x86_64::*;
 
@@ -306,14 +336,31 @@ mod x86 {
     #[repr(C, align(64))]
     struct Config([u8; 64]);
 
-    fn config() -> Config {
-        let mut c = [0u8; 64];
-        c[0] = 1; // palette 1
-        for t in 0..8 {
-            c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
-            c[48 + t] = 16; // rows
+    /// The tiles configured for this thread until dropped (`tilerelease`).
+    struct TilesInUse;
+
+    impl TilesInUse {
+        /// # Safety
+        /// AMX must have been detected and granted ([`super::available`]).
+        unsafe fn configure() -> Self {
+            let mut c = [0u8; 64];
+            c[0] = 1; // palette 1
+            for t in 0..8 {
+                c[16 + 2 * t] = 64; // bytes per row (u16, little-endian)
+                c[48 + t] = 16; // rows
+            }
+            let cfg = Config(c);
+            // SAFETY: the caller guarantees AMX; the configuration is well-formed.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+            TilesInUse
         }
-        Config(c)
+    }
+
+    impl Drop for TilesInUse {
+        fn drop(&mut self) {
+            // SAFETY: the tiles were configured by `configure`.
+            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        }
     }
 
     const STRIDE: usize = 64;
@@ -416,28 +463,15 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn params_f32<P: Element>(src: &[P], dst: &mut [f32]) {
-        use std::any::TypeId;
         debug_assert_eq!(src.len(), dst.len());
-        let mut i = 0;
-        while i < src.len() {
-            let left = (src.len() - i).min(16);
-            let mask: __mmask16 = if left == 16 { 0xffff } else { (1 << left) - 1 };
+        for i in (0..src.len()).step_by(16) {
+            let left = src.len() - i;
+            let mask: __mmask16 = if left >= 16 { 0xffff } else { (1 << left) - 1 };
             // SAFETY: the mask keeps both accesses inside the slices.
             unsafe {
-                let at = src.as_ptr().add(i);
-                let v = if TypeId::of::<P>() == TypeId::of::<f32>() {
-                    _mm512_maskz_loadu_ps(mask, at.cast())
-                } else {
-                    let halves = _mm256_maskz_loadu_epi16(mask, at.cast());
-                    if TypeId::of::<P>() == TypeId::of::<half::f16>() {
-                        _mm512_cvtph_ps(halves)
-                    } else {
-                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(halves)))
-                    }
-                };
+                let v = load_params(src.as_ptr().add(i), mask);
                 _mm512_mask_storeu_ps(dst.as_mut_ptr().add(i), mask, v);
             }
-            i += left;
         }
     }
 
@@ -534,10 +568,9 @@ mod x86 {
         let mut scales = vec![0.0f32; W_ROWS * groups];
         let mut biases = vec![0.0f32; W_ROWS * groups];
         let mut c_buf = [CTile([[0.0; 16]; 16]); DEPTH];
-        let mut total = [[0.0f32; 16]; W_ROWS];
-        let cfg = config();
-        // SAFETY: AMX was granted; the configuration is well-formed.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+        let mut total = CTile([[0.0; 16]; W_ROWS]);
+        // SAFETY: the caller checked `available`.
+        let _tiles = unsafe { TilesInUse::configure() };
         let mut r0 = rows.start;
         while r0 < rows.end {
             let count = (rows.end - r0).min(W_ROWS);
@@ -573,25 +606,14 @@ mod x86 {
                         acc[n] = _mm512_fmadd_ps(bias, gs, acc[n]);
                     }
                 }
-                // hi + lo halves: lanes 0..8 hold the sums of the chunk's x rows.
-                for n in 0..count {
-                    let swapped = _mm512_shuffle_f32x4::<0b01_00_11_10>(acc[n], acc[n]);
-                    unsafe {
-                        _mm512_storeu_ps(total[n].as_mut_ptr(), _mm512_add_ps(acc[n], swapped))
-                    };
+                for (row, a) in total.0.iter_mut().zip(&acc).take(count) {
+                    // SAFETY: 16 floats.
+                    unsafe { _mm512_storeu_ps(row.as_mut_ptr(), *a) };
                 }
-                let first = (c * X_ROWS).max(xrows.start);
-                let end = ((c + 1) * X_ROWS).min(xrows.end);
-                for i in first..end {
-                    let base = (i - xrows.start) * st.x_stride + (r0 - rows.start) * st.w_stride;
-                    for (n, t) in total.iter().enumerate().take(count) {
-                        out[base + n * st.w_stride] = t[i - c * X_ROWS];
-                    }
-                }
+                store_chunk(&total, c, count, &xrows, r0 - rows.start, out, st);
             }
             r0 += count;
         }
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
     /// Weight rows `r0..r0 + count` (count ≤ 16) dequantized (`s·q + b` in
@@ -611,15 +633,8 @@ mod x86 {
             lay.vals_per_word,
             lay.words_per_group_log2,
         );
-        let lane_group = _mm512_srlv_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(log2 as i32),
-        );
-        let table = _mm512_setr_ps(
-            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-        );
+        let (lane_group, table) = (lane_groups(log2), nibble_values());
         let upper = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-        let mut params = [0.0f32; 32];
         for n in 0..count {
             let row = w.row(r0 + n);
             let at = row.w.as_ptr();
@@ -631,26 +646,20 @@ mod x86 {
                     (1 << lanes) - 1
                 };
                 let (g0, g1) = (b0 >> log2, (b0 + lanes - 1) >> log2);
-                let groups = g1 - g0 + 1;
+                let gmask = ((1u32 << (g1 - g0 + 1)) - 1) as __mmask16;
                 // SAFETY (loads): the masks keep them inside the row.
                 let (s_l, b_l) = unsafe {
-                    params_f32(&row.scales[g0..=g1], &mut params[..groups]);
-                    params_f32(&row.biases[g0..=g1], &mut params[16..16 + groups]);
                     (
-                        _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(params.as_ptr())),
-                        _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(params.as_ptr().add(16))),
+                        lane_params(row.scales, g0, gmask, lane_group),
+                        lane_params(row.biases, g0, gmask, lane_group),
                     )
                 };
                 let wv = unsafe { _mm512_maskz_loadu_epi32(mask, at.add(b0).cast()) };
                 let split = |v: usize| {
                     let q = if vpw == 8 {
-                        let shifted = _mm512_srlv_epi32(wv, _mm512_set1_epi32(4 * v as i32));
-                        _mm512_permutexvar_ps(shifted, table)
+                        unpack::<4>(wv, v, table)
                     } else {
-                        let v = v as i32;
-                        let pick = (-256i32) | v;
-                        let idx = _mm512_set4_epi32(pick + 12, pick + 8, pick + 4, pick);
-                        _mm512_cvtepi32_ps(_mm512_shuffle_epi8(wv, idx))
+                        unpack::<8>(wv, v, table)
                     };
                     let x = _mm512_maskz_fmadd_ps(mask, q, s_l, b_l);
                     let h = _mm512_and_si512(_mm512_castps_si512(x), upper);
@@ -696,9 +705,8 @@ mod x86 {
         let mut hi = zeroed_tiles(chunks);
         let mut lo = zeroed_tiles(chunks);
         let mut c_img = [CTile([[0.0; 16]; 16]); 4];
-        let cfg = config();
-        // SAFETY: AMX was granted; the configuration is well-formed.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+        // SAFETY: the caller checked `available`.
+        let _tiles = unsafe { TilesInUse::configure() };
         let (first_chunk, end_chunk) = (xrows.start / X_ROWS, xrows.end.div_ceil(X_ROWS));
         let mut r0 = rows.start;
         while r0 < rows.end {
@@ -750,23 +758,12 @@ mod x86 {
                     asm!("tilestored [{p} + {s}*1], tmm7", p = in(reg) c_img[3].0.as_mut_ptr(), s = in(reg) STRIDE, options(nostack));
                 }
                 for (h, img) in c_img.iter().enumerate().take(group) {
-                    let cc = c + h;
-                    let first = (cc * X_ROWS).max(xrows.start);
-                    let end = ((cc + 1) * X_ROWS).min(xrows.end);
-                    for i in first..end {
-                        let m = i - cc * X_ROWS;
-                        let base =
-                            (i - xrows.start) * st.x_stride + (r0 - rows.start) * st.w_stride;
-                        for (n, crow) in img.0.iter().enumerate().take(count) {
-                            out[base + n * st.w_stride] = crow[m] + crow[m + X_ROWS];
-                        }
-                    }
+                    store_chunk(img, c + h, count, &xrows, r0 - rows.start, out, st);
                 }
                 c += group;
             }
             r0 += count;
         }
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 }
 #[cfg(test)]

@@ -206,6 +206,14 @@ pub(crate) fn dot_rows<P: Element>(
         "qdot512::dot_rows needs AVX-512F and AVX-512BW"
     );
     assert_eq!(px.lanes, 16, "x must be prepared with 16 lanes");
+    assert_eq!(px.group_sums.len(), px.rows * lay.groups_per_row);
+    assert!(xrows.end <= px.rows);
+    assert!(rows.end <= w.w.len() / lay.words_per_row);
+    if xrows.is_empty() || rows.is_empty() {
+        return;
+    }
+    let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
+    assert!(last < out.len(), "output too short");
     if let Some(ax) = &px.amx {
         return super::amx::dot_rows(ax, xrows, w, rows, out, strides);
     }
@@ -216,13 +224,6 @@ pub(crate) fn dot_rows<P: Element>(
             assert_eq!(x16.row_words, lay.words_per_row);
             assert_eq!(x16.pairs.len(), px.rows * x16.row_pairs);
         }
-    }
-    assert_eq!(px.group_sums.len(), px.rows * lay.groups_per_row);
-    assert!(xrows.end <= px.rows);
-    assert!(rows.end <= w.w.len() / lay.words_per_row);
-    if !xrows.is_empty() && !rows.is_empty() {
-        let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
-        assert!(last < out.len(), "output too short");
     }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the CPU features were detected; the asserts above bound every access.
@@ -238,7 +239,7 @@ pub(crate) fn dot_rows<P: Element>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{OutStrides, PreparedX, QView, TILE};
     use crate::kernels::cpu::quant::Layout;
     use crate::kernels::cpu::simd::Element;
@@ -285,10 +286,7 @@ mod x86 {
         ) -> [[__m512; NR]; MR] {
             let vpw = (32 / BITS) as usize;
             let xbase = b0 * vpw;
-            let table = _mm512_setr_ps(
-                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
-                15.0,
-            );
+            let table = nibble_values();
             let zero = _mm512_setzero_ps();
             let mut p = [[zero; NR]; MR];
             let mut q = [zero; NR];
@@ -361,10 +359,30 @@ mod x86 {
         }
     }
 
-    /// Value `v` of each of the 16 words, as f32.
+    /// `0.0..=15.0`, the table [`unpack`] reads 4-bit values through.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn nibble_values() -> __m512 {
+        _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        )
+    }
+
+    /// Lane j's group within a block of 16 words, for groups of
+    /// `2^log2` words (the index [`lane_params`] permutes by).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn lane_groups(log2: u32) -> __m512i {
+        _mm512_srlv_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(log2 as i32),
+        )
+    }
+
+    /// Value `v` of each of the 16 words, as f32 (`table`: [`nibble_values`]).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    fn unpack<const BITS: u32>(w: __m512i, v: usize, table: __m512) -> __m512 {
+    pub(crate) fn unpack<const BITS: u32>(w: __m512i, v: usize, table: __m512) -> __m512 {
         if BITS == 4 {
             let shifted = _mm512_srlv_epi32(w, _mm512_set1_epi32(4 * v as i32));
             // vpermps reads the low four bits of each index: no mask needed.
@@ -382,7 +400,7 @@ mod x86 {
     /// as f32; lanes outside `mask` read nothing and are zero.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn load_params<P: Element>(src: *const P, mask: __mmask16) -> __m512 {
+    pub(crate) unsafe fn load_params<P: Element>(src: *const P, mask: __mmask16) -> __m512 {
         use std::any::TypeId;
         // SAFETY (all): the caller's mask keeps the loads inside `src`'s slice.
         if TypeId::of::<P>() == TypeId::of::<f32>() {
@@ -402,7 +420,7 @@ mod x86 {
     /// taking its word's group.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn lane_params<P: Element>(
+    pub(crate) unsafe fn lane_params<P: Element>(
         src: &[P],
         g0: usize,
         gmask: __mmask16,
@@ -670,10 +688,7 @@ mod x86 {
                     let words = lay.words_per_row;
                     let log2 = lay.words_per_group_log2;
                     // Lane j's group, relative to the block's first group.
-                    let lane_group = _mm512_srlv_epi32(
-                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                        _mm512_set1_epi32(log2 as i32),
-                    );
+                    let lane_group = lane_groups(log2);
                     let zero = _mm512_setzero_ps();
                     let mut acc = [[zero; NR]; MR];
                     // Whole blocks with constant masks (plain loads once inlined), then

@@ -184,7 +184,8 @@ pub(crate) struct PreparedX {
     /// x quantized to int16 per word of W (see [`super::qdot512::Int16Rows`]).
     pub(crate) int16: Option<super::qdot512::Int16Rows>,
     /// Int16-class x as AMX tiles (bf16 hi + lo; see [`super::amx`]), for
-    /// two or more rows where AMX runs; `perm` and `int16` are then empty.
+    /// [`super::amx::MIN_ROWS`] or more rows where AMX runs; `perm` and
+    /// `int16` are then empty.
     pub(crate) amx: Option<super::amx::AmxX>,
 }
 
@@ -218,10 +219,7 @@ impl PreparedX {
                 count += 1;
             }
             if count >= super::amx::MIN_ROWS {
-                let group_sums: Vec<f32> = natural
-                    .chunks_exact(lay.group_size)
-                    .map(|g| g.iter().sum::<f32>())
-                    .collect();
+                let group_sums: Vec<f32> = group_sums(&natural, lay.group_size).collect();
                 let tiles = super::amx::AmxX::new(&natural, count, &group_sums, lay);
                 return PreparedX {
                     perm: Vec::new(),
@@ -263,11 +261,7 @@ impl PreparedX {
         let mut blocked = Vec::new();
         for row in rows {
             T::load_f32(row, &mut natural);
-            group_sums.extend(
-                natural
-                    .chunks_exact(lay.group_size)
-                    .map(|g| g.iter().sum::<f32>()),
-            );
+            group_sums.extend(self::group_sums(&natural, lay.group_size));
             if let Some(x16) = &mut x16 {
                 // Block order in scratch, then rounded to int16.
                 blocked.resize(k, 0.0);
@@ -289,6 +283,11 @@ impl PreparedX {
             amx: None,
         }
     }
+}
+
+/// Σx over each group of `group` values (the biases' term).
+fn group_sums(x: &[f32], group: usize) -> impl Iterator<Item = f32> + '_ {
+    x.chunks_exact(group).map(|g| g.iter().sum::<f32>())
 }
 
 fn to_block_order(src: &[f32], dst: &mut [f32], vals_per_word: usize, lanes: usize) {
