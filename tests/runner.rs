@@ -841,3 +841,47 @@ fn batched_decode_with_length_dependent_rope_equals_sequential() {
     let got = batched(&mut r, &prompts, 6);
     assert_eq!(got, expected);
 }
+
+/// A decode batch of plain greedy rows takes one argmax over the block's
+/// logits: each row's token is still the argmax of its own logits, as when
+/// the row returns its logits (which takes the per-row path).
+#[test]
+fn greedy_decode_block_picks_each_rows_argmax() {
+    let mut r = runner(2);
+    let prompts = [tokens(17, 5), tokens(18, 9), tokens(19, 3)];
+    let step = |r: &mut MlxModelRunner, returns: ReturnOptions| {
+        for (i, p) in prompts.iter().enumerate() {
+            let input = RequestInput::prompt(i as u64, p.clone(), SamplingParams::greedy());
+            r.forward(&ForwardBatch::new(ForwardMode::Extend, vec![input]))
+                .unwrap();
+        }
+        let batch = (0..3)
+            .map(|i| {
+                RequestInput::decode(i as u64, 5, prompts[i].len(), SamplingParams::greedy())
+                    .with_returns(returns.clone())
+            })
+            .collect();
+        let out = r
+            .forward(&ForwardBatch::new(ForwardMode::Decode, batch))
+            .unwrap()
+            .outputs;
+        r.release(&[0, 1, 2]);
+        out
+    };
+    let plain = step(&mut r, ReturnOptions::default());
+    let with_logits = step(
+        &mut r,
+        ReturnOptions {
+            logits: true,
+            ..Default::default()
+        },
+    );
+    for (a, b) in plain.iter().zip(&with_logits) {
+        let logits = b.logits.as_ref().unwrap();
+        let argmax = (0..logits.len())
+            .reduce(|best, j| if logits[j] > logits[best] { j } else { best })
+            .unwrap() as u32;
+        assert_eq!(b.next_token, Some(argmax));
+        assert_eq!(a.next_token, Some(argmax), "row {}", a.id);
+    }
+}

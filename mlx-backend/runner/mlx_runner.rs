@@ -63,6 +63,19 @@ struct Planned<'a> {
     decode: bool,
 }
 
+impl Planned<'_> {
+    /// Its token is the argmax of its logits and nothing else is returned.
+    fn plain_greedy(&self) -> bool {
+        let (s, r) = (&self.input.sampling, &self.input.returns);
+        s.temperature <= 0.0
+            && !s.uses_history()
+            && s.logit_bias.is_empty()
+            && !r.logprob
+            && r.top_logprobs == 0
+            && !r.logits
+    }
+}
+
 impl MlxModelRunner {
     pub fn new(model: Transformer, config: RunnerConfig) -> MlxModelRunner {
         let model_max = model.config.max_context().max(1);
@@ -208,8 +221,10 @@ impl MlxModelRunner {
         Ok(plan)
     }
 
-    /// Build the logits rows (`[V]` each, None for non-final chunks) for the plan.
-    fn run_model(&mut self, plan: &[Planned<'_>]) -> Result<Vec<Option<Array>>, RunnerError> {
+    /// Build the logits rows (`[V]` each, None for non-final chunks) for the
+    /// plan, and the decode rows' logits as one `[n, V]` array with the plan
+    /// index of each of its rows.
+    fn run_model(&mut self, plan: &[Planned<'_>]) -> Result<ModelOutput, RunnerError> {
         let mut rows: Vec<Option<Array>> = vec![None; plan.len()];
         for (i, p) in plan.iter().enumerate().filter(|(_, p)| !p.decode) {
             let r = p.input;
@@ -247,8 +262,9 @@ impl MlxModelRunner {
                 let row = row as i32;
                 rows[i] = Some(logits.slice_axis(0, row, row + 1)?.reshape(&[-1])?);
             }
+            return Ok((rows, Some((logits, decode))));
         }
-        Ok(rows)
+        Ok((rows, None))
     }
 
     /// Undo a failed batch: caches back to their lengths, new requests gone.
@@ -269,10 +285,25 @@ impl MlxModelRunner {
 
     fn forward_inner(&mut self, plan: &[Planned<'_>]) -> Result<ForwardOutput, RunnerError> {
         let start = Instant::now();
-        let rows = self.run_model(plan)?;
+        let (rows, decode_block) = self.run_model(plan)?;
+        // A decode block whose rows all pick greedily and return nothing
+        // else takes one argmax over its logits and one read, instead of a
+        // slice, an argmax and a read per row (at batch 8, ~30 graph nodes
+        // and 8 evaluations fewer per step).
+        let greedy_block = match decode_block {
+            Some((logits, idx)) if idx.iter().all(|&i| plan[i].plain_greedy()) => {
+                Some((logits.argmax(-1, false)?.astype(crate::Dtype::U32)?, idx))
+            }
+            _ => None,
+        };
+        let in_block = |i: usize| {
+            greedy_block
+                .as_ref()
+                .is_some_and(|(_, idx)| idx.contains(&i))
+        };
         let mut sampled: Vec<Option<Sampled>> = Vec::with_capacity(plan.len());
-        for (p, row) in plan.iter().zip(&rows) {
-            let Some(logits) = row else {
+        for (i, (p, row)) in plan.iter().zip(&rows).enumerate() {
+            let Some(logits) = row.as_ref().filter(|_| !in_block(i)) else {
                 sampled.push(None);
                 continue;
             };
@@ -281,16 +312,21 @@ impl MlxModelRunner {
             let mut history = state.history.clone();
             history.extend_from_slice(&r.tokens);
             let seed = r.sampling.seed.unwrap_or(self.unseeded ^ r.id);
-            let key = sampler::step_key(seed, state.sampled)?;
+            // Greedy picks use no key: none is made.
+            let key = match r.sampling.temperature > 0.0 {
+                true => Some(sampler::step_key(seed, state.sampled)?),
+                false => None,
+            };
             sampled.push(Some(sampler::sample(
                 logits,
                 &r.sampling,
                 &history,
                 &r.returns,
-                &key,
+                key.as_ref(),
             )?));
         }
         let mut to_eval: Vec<&Array> = Vec::new();
+        to_eval.extend(greedy_block.iter().map(|(tokens, _)| tokens));
         for s in sampled.iter().flatten() {
             to_eval.push(&s.token);
             to_eval.extend(s.logprob.iter());
@@ -315,8 +351,14 @@ impl MlxModelRunner {
         crate::eval(&to_eval)?;
         let forward_time = start.elapsed();
         let sample_start = Instant::now();
+        let mut block_tokens = vec![None; plan.len()];
+        if let Some((tokens, idx)) = &greedy_block {
+            for (&i, t) in idx.iter().zip(tokens.to_vec::<u32>().map_err(host)?) {
+                block_tokens[i] = Some(t);
+            }
+        }
         let mut outputs = Vec::with_capacity(plan.len());
-        for (p, s) in plan.iter().zip(sampled) {
+        for ((p, s), block_token) in plan.iter().zip(sampled).zip(block_tokens) {
             let r = p.input;
             let mut out = RequestOutput {
                 id: r.id,
@@ -325,6 +367,7 @@ impl MlxModelRunner {
                 top_logprobs: Vec::new(),
                 logits: None,
             };
+            out.next_token = block_token;
             if let Some(s) = s {
                 out.next_token = Some(read_u32(&s.token)?);
                 if let Some(lp) = &s.logprob {
@@ -380,6 +423,11 @@ fn fused_kernels() -> Vec<String> {
 fn host(e: crate::HostDataError) -> RunnerError {
     RunnerError::Op(crate::OpError::new("runner", e.to_string()))
 }
+
+/// What [`MlxModelRunner::run_model`] builds: the logits row of each plan
+/// entry that samples, and the decode rows' `[n, V]` logits with their plan
+/// indices.
+type ModelOutput = (Vec<Option<Array>>, Option<(Array, Vec<usize>)>);
 
 fn read_u32(a: &Array) -> Result<u32, RunnerError> {
     let v = a

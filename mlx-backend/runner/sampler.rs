@@ -98,13 +98,13 @@ fn truncate(x: &Array, params: &SamplingParams) -> Result<Array, OpError> {
 }
 
 /// Sample one token from `logits [V]` (float32) with `params`; `key` is
-/// used only when sampling is random.
+/// used only when sampling is random (None there: MLX's global key).
 pub fn sample(
     logits: &Array,
     params: &SamplingParams,
     history: &[u32],
     returns: &ReturnOptions,
-    key: &Array,
+    key: Option<&Array>,
 ) -> Result<Sampled, OpError> {
     let x = adjust(logits, params, history)?;
     let token = if params.temperature <= 0.0 {
@@ -112,7 +112,7 @@ pub fn sample(
     } else {
         let scaled = x.mul_scalar(1.0 / params.temperature as f64)?;
         let truncated = truncate(&scaled, params)?;
-        random::categorical(&truncated, -1, Some(key))?
+        random::categorical(&truncated, -1, key)?
     };
     let needs_logprobs = returns.logprob || returns.top_logprobs > 0;
     let logprobs = if needs_logprobs {
