@@ -51,15 +51,28 @@ impl Rope<'_> {
         (0..half).map(|i| (-(i as f32) * step).exp()).collect()
     }
 
-    fn apply(&self, x: &mut [f32], position: usize) {
+    /// Rotates `x` for `position`, with the angles' sines and cosines from
+    /// `angles`, recomputed only when the position changes: a row's heads
+    /// share it (`sin_cos` per pair and head was half of the cache-append
+    /// stage at batch 8).
+    fn apply(&self, x: &mut [f32], position: usize, angles: &mut RopeAngles) {
         let dims = self.dims.min(x.len());
         if self.mscale != 1.0 {
             x[..dims].iter_mut().for_each(|v| *v *= self.mscale);
         }
         let half = dims / 2;
-        let pos = self.scale * position as f32;
-        for (i, inv) in self.inv_freqs.iter().enumerate().take(half) {
-            let (sin, cos) = (pos * inv).sin_cos();
+        if angles.position != Some(position) || angles.sin_cos.len() < half {
+            let pos = self.scale * position as f32;
+            angles.sin_cos.clear();
+            angles.sin_cos.extend(
+                self.inv_freqs
+                    .iter()
+                    .take(half)
+                    .map(|inv| (pos * inv).sin_cos()),
+            );
+            angles.position = Some(position);
+        }
+        for (i, &(sin, cos)) in angles.sin_cos.iter().enumerate().take(half) {
             let (a, b) = if self.traditional {
                 (2 * i, 2 * i + 1)
             } else {
@@ -70,6 +83,13 @@ impl Rope<'_> {
             x[b] = x1 * sin + x2 * cos;
         }
     }
+}
+
+/// [`Rope::apply`]'s sines and cosines for the last position it rotated.
+#[derive(Default)]
+struct RopeAngles {
+    position: Option<usize>,
+    sin_cos: Vec<(f32, f32)>,
 }
 
 /// One row's KV cache, `[heads, capacity, head_dim]`, valid up to `offset`
@@ -251,6 +271,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
         // Keys and values of this step: bias, k norm, rope, cache append.
         let (qa, ka, va) = unsafe { (q.all(), k.all(), v.all()) };
         let mut key = vec![0.0f32; d];
+        let mut angles = RopeAngles::default();
         for unit in m.share(rows * nkv, 1) {
             let (r, kh) = (unit / nkv, unit % nkv);
             let (keys, values, capacity, pos) = &kv[r];
@@ -269,7 +290,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
             if let Some([_, kn]) = &qk_norm {
                 key = norm(&key, kn, 1, d)?;
             }
-            rope.apply(&mut key, pos);
+            rope.apply(&mut key, pos, &mut angles);
             unsafe { keys.part(at, d) }.copy_from_slice(&key);
         }
         m.barrier()?;
@@ -290,7 +311,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
             if let Some([qn, _]) = &qk_norm {
                 query = norm(&query, qn, 1, d)?;
             }
-            rope.apply(&mut query, pos);
+            rope.apply(&mut query, pos, &mut angles);
             let base = qh / (nq / nkv) * capacity * d;
             let len = (pos + 1) * d;
             let (keys, values) = unsafe { (keys.all(), values.all()) };
