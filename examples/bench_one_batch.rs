@@ -38,6 +38,19 @@ fn list(v: &str) -> Vec<usize> {
     v.split(',').filter_map(|x| x.trim().parse().ok()).collect()
 }
 
+const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
+[--decode-batch B,B,..] [--decode-steps N] [--repeats N] [--threads N] [--no-peers] \
+[--activations exact|int16|int8]
+
+  --model         a GGUF file (default: the default model, fetched if missing)
+  --prefill       prompt lengths to prefill (default 32,256,1024)
+  --decode-batch  decode batch sizes (default 1,4,16)
+  --decode-steps  decode steps per batch size (default 16)
+  --repeats       timed runs of each workload after one warm-up; the median is reported (default 3)
+  --threads       threads for our rayon pool and for the peers (default 2)
+  --no-peers      skip mlx-lm and llama.cpp
+  --activations   the quantized kernels' activation precision";
+
 fn parse_args() -> Args {
     let mut a = Args {
         model: None,
@@ -51,27 +64,47 @@ fn parse_args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let mut value = || {
+            it.next()
+                .unwrap_or_else(|| usage_error(&format!("{flag} needs a value")))
+        };
         match flag.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
             "--model" => a.model = Some(value()),
             "--prefill" => a.prefill = list(&value()),
             "--decode-batch" => a.decode_batch = list(&value()),
-            "--decode-steps" => a.decode_steps = value().parse().expect("a number"),
-            "--repeats" => a.repeats = value().parse().expect("a number"),
-            "--threads" => a.threads = value().parse().expect("a number"),
+            "--decode-steps" => a.decode_steps = number(&flag, value()),
+            "--repeats" => a.repeats = number(&flag, value()),
+            "--threads" => a.threads = number(&flag, value()),
             "--no-peers" => a.peers = false,
             "--activations" => {
                 a.activations = Some(match value().as_str() {
                     "exact" => ActivationPrecision::Exact,
                     "int16" => ActivationPrecision::Int16,
                     "int8" => ActivationPrecision::Int8,
-                    other => panic!("--activations takes exact, int16 or int8, not {other}"),
+                    other => usage_error(&format!(
+                        "--activations takes exact, int16 or int8, not {other}"
+                    )),
                 })
             }
-            other => panic!("unknown argument {other}"),
+            other => usage_error(&format!("unknown argument {other}")),
         }
     }
     a
+}
+
+fn number(flag: &str, value: String) -> usize {
+    value
+        .parse()
+        .unwrap_or_else(|_| usage_error(&format!("{flag} takes a number, not {value}")))
+}
+
+fn usage_error(message: &str) -> ! {
+    eprintln!("{message}\n{USAGE}");
+    std::process::exit(2)
 }
 
 /// The same pseudo-random ids for every engine run by this binary.
