@@ -58,6 +58,12 @@ impl LayerKvCache {
         ))
     }
 
+    /// The cache's whole key and value buffers (capacity, not `offset`), when
+    /// any: what evaluating materialises the cache without slicing it.
+    pub fn buffers(&self) -> Option<(&Array, &Array)> {
+        Some((self.keys.as_ref()?, self.values.as_ref()?))
+    }
+
     /// Append `k, v [B, H_kv, L, D]` and return all cached keys and values.
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array), OpError> {
         let (ks, vs) = (k.shape(), v.shape());
