@@ -388,6 +388,17 @@ fn attend(
     out: &mut [f32],
 ) {
     let d = q.len();
+    // The cache rows come from L3 or memory: ask for all of them up front
+    // (a hint; ~5% of the attention stage at batch 8, alternating runs).
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..keys.len().min(values.len())).step_by(16) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: prefetches of addresses inside the two slices.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(keys.as_ptr().add(line).cast());
+            _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(line).cast());
+        }
+    }
     scores.clear();
     let rows: Vec<&[f32]> = keys.chunks_exact(d).collect();
     for quad in rows.chunks(4) {
