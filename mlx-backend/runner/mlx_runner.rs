@@ -221,9 +221,9 @@ impl MlxModelRunner {
         Ok(plan)
     }
 
-    /// Build the logits rows (`[V]` each, None for non-final chunks) for the
-    /// plan, and the decode rows' logits as one `[n, V]` array with the plan
-    /// index of each of its rows.
+    /// Build the logits rows (`[V]` each) of the plan's prefill entries that
+    /// sample (their last chunks), and the decode rows' logits as one
+    /// `[n, V]` array with the plan index of each of its rows.
     fn run_model(&mut self, plan: &[Planned<'_>]) -> Result<ModelOutput, RunnerError> {
         let mut rows: Vec<Option<Array>> = vec![None; plan.len()];
         for (i, p) in plan.iter().enumerate().filter(|(_, p)| !p.decode) {
@@ -257,12 +257,7 @@ impl MlxModelRunner {
             for (id, caches) in ids.iter().zip(taken) {
                 self.kv.get_mut(*id).expect("validated").caches = caches;
             }
-            let logits = result?;
-            for (row, &i) in decode.iter().enumerate() {
-                let row = row as i32;
-                rows[i] = Some(logits.slice_axis(0, row, row + 1)?.reshape(&[-1])?);
-            }
-            return Ok((rows, Some((logits, decode))));
+            return Ok((rows, Some((result?, decode))));
         }
         Ok((rows, None))
     }
@@ -285,25 +280,26 @@ impl MlxModelRunner {
 
     fn forward_inner(&mut self, plan: &[Planned<'_>]) -> Result<ForwardOutput, RunnerError> {
         let start = Instant::now();
-        let (rows, decode_block) = self.run_model(plan)?;
+        let (mut rows, decode_block) = self.run_model(plan)?;
         // A decode block whose rows all pick greedily and return nothing
         // else takes one argmax over its logits and one read, instead of a
         // slice, an argmax and a read per row (at batch 8, ~30 graph nodes
-        // and 8 evaluations fewer per step).
-        let greedy_block = match decode_block {
-            Some((logits, idx)) if idx.iter().all(|&i| plan[i].plain_greedy()) => {
-                Some((logits.argmax(-1, false)?.astype(crate::Dtype::U32)?, idx))
+        // and 8 evaluations fewer per step); otherwise each row is sliced
+        // out and sampled on its own.
+        let mut greedy_block = None;
+        if let Some((logits, idx)) = decode_block {
+            if idx.iter().all(|&i| plan[i].plain_greedy()) {
+                greedy_block = Some((logits.argmax(-1, false)?.astype(crate::Dtype::U32)?, idx));
+            } else {
+                for (row, &i) in idx.iter().enumerate() {
+                    let row = row as i32;
+                    rows[i] = Some(logits.slice_axis(0, row, row + 1)?.reshape(&[-1])?);
+                }
             }
-            _ => None,
-        };
-        let in_block = |i: usize| {
-            greedy_block
-                .as_ref()
-                .is_some_and(|(_, idx)| idx.contains(&i))
-        };
+        }
         let mut sampled: Vec<Option<Sampled>> = Vec::with_capacity(plan.len());
-        for (i, (p, row)) in plan.iter().zip(&rows).enumerate() {
-            let Some(logits) = row.as_ref().filter(|_| !in_block(i)) else {
+        for (p, row) in plan.iter().zip(&rows) {
+            let Some(logits) = row else {
                 sampled.push(None);
                 continue;
             };
@@ -313,9 +309,10 @@ impl MlxModelRunner {
             history.extend_from_slice(&r.tokens);
             let seed = r.sampling.seed.unwrap_or(self.unseeded ^ r.id);
             // Greedy picks use no key: none is made.
-            let key = match r.sampling.temperature > 0.0 {
-                true => Some(sampler::step_key(seed, state.sampled)?),
-                false => None,
+            let key = if r.sampling.temperature > 0.0 {
+                Some(sampler::step_key(seed, state.sampled)?)
+            } else {
+                None
             };
             sampled.push(Some(sampler::sample(
                 logits,
@@ -359,12 +356,11 @@ impl MlxModelRunner {
             let r = p.input;
             let mut out = RequestOutput {
                 id: r.id,
-                next_token: None,
+                next_token: block_token,
                 logprob: None,
                 top_logprobs: Vec::new(),
                 logits: None,
             };
-            out.next_token = block_token;
             if let Some(s) = s {
                 out.next_token = Some(read_u32(&s.token)?);
                 if let Some(lp) = &s.logprob {
@@ -421,9 +417,9 @@ fn host(e: crate::HostDataError) -> RunnerError {
     RunnerError::Op(crate::OpError::new("runner", e.to_string()))
 }
 
-/// What [`MlxModelRunner::run_model`] builds: the logits row of each plan
-/// entry that samples, and the decode rows' `[n, V]` logits with their plan
-/// indices.
+/// What [`MlxModelRunner::run_model`] builds: the logits row of each
+/// prefill entry that samples, and the decode rows' `[n, V]` logits with
+/// their plan indices.
 type ModelOutput = (Vec<Option<Array>>, Option<(Array, Vec<usize>)>);
 
 fn read_u32(a: &Array) -> Result<u32, RunnerError> {

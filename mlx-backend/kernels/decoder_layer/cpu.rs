@@ -61,7 +61,7 @@ impl Rope<'_> {
             x[..dims].iter_mut().for_each(|v| *v *= self.mscale);
         }
         let half = dims / 2;
-        if angles.position != Some(position) || angles.sin_cos.len() < half {
+        if angles.position != Some(position) {
             let pos = self.scale * position as f32;
             angles.sin_cos.clear();
             angles.sin_cos.extend(
@@ -400,12 +400,12 @@ fn attend(
         }
     }
     scores.clear();
-    let rows: Vec<&[f32]> = keys.chunks_exact(d).collect();
-    for quad in rows.chunks(4) {
+    for quad in keys.chunks(4 * d) {
         // A short final group repeats its last key; the extra sums are dropped.
-        let w = [0, 1, 2, 3].map(|j| quad[j.min(quad.len() - 1)]);
+        let n = quad.len() / d;
+        let w = [0, 1, 2, 3].map(|j| &quad[j.min(n - 1) * d..][..d]);
         let s = simd::dot4(q, w);
-        scores.extend(s.iter().take(quad.len()).map(|v| scale * v));
+        scores.extend(s.iter().take(n).map(|v| scale * v));
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum = crate::kernels::cpu::vector_math::exp_shifted_sum(scores, max);
