@@ -26,6 +26,9 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
+# llama-cpp-python's runtime dependencies (it is installed with --no-deps
+# below so that pip never swaps the source build for another one).
+"$VENV/bin/python" -m pip install --quiet typing-extensions numpy diskcache jinja2 >&2
 
 JOBS="${LLAMA_CPP_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 # CPU-only, native ISA, no shared OpenMP surprises; tests/examples not built.

@@ -7,6 +7,7 @@ pub(crate) mod error;
 pub(crate) mod int8;
 pub(crate) mod qdot512;
 pub(crate) mod quant;
+pub(crate) mod row_lanes;
 pub(crate) mod simd;
 pub(crate) mod team;
 pub(crate) mod vector_math;

@@ -217,6 +217,9 @@ pub(crate) fn dot_rows<P: Element>(
     if let Some(ax) = &px.amx {
         return super::amx::dot_rows(ax, xrows, w, rows, out, strides);
     }
+    if let Some(g16) = &px.group16 {
+        return super::row_lanes::dot_rows(g16, &px.group_sums, xrows, w, rows, out, strides);
+    }
     match &px.int16 {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {
@@ -803,8 +806,9 @@ mod tests {
 
     /// `dot_rows` against an f64 reference. Exact x: within f32 rounding
     /// (1e-5 of Σ|x·W|). Int16 x: also within the rounding of x, at most
-    /// half a step (`max|x over the word| / 32767`) per value; on the AMX
-    /// tiles (`amx`, two or more rows) or the VNNI kernel.
+    /// half a step (`max|x over the word| / 32767`, or over the group for
+    /// `row_lanes` at 4+ rows) per value; on the AMX tiles (`amx`, two or
+    /// more rows), `row_lanes` or the VNNI kernel.
     fn case<P: Element>(
         rng: &mut Rng,
         (m, n, k): (usize, usize, usize),
@@ -818,14 +822,17 @@ mod tests {
         let px = PreparedX::with_amx(x.chunks_exact(k), &lay, int16, amx);
         let tiles = int16 && amx && m >= super::super::amx::MIN_ROWS;
         assert_eq!(px.amx.is_some(), tiles);
-        assert_eq!(px.int16.is_some(), int16 && !tiles);
-        let vpw = lay.vals_per_word;
+        // Int16 x of 4+ rows off the tiles: one scale per group (row_lanes).
+        let per_group = int16 && !tiles && m >= super::super::row_lanes::MIN_ROWS;
+        assert_eq!(px.int16.is_some(), int16 && !tiles && !per_group);
+        assert_eq!(px.group16.is_some(), per_group);
+        let unit = if per_group { group } else { lay.vals_per_word };
         let half_step = |xi: usize, c: usize| -> f64 {
             if !int16 {
                 return 0.0;
             }
-            let word = &x[xi * k + c / vpw * vpw..][..vpw];
-            word.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64)) / 32767.0 / 2.0
+            let values = &x[xi * k + c / unit * unit..][..unit];
+            values.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64)) / 32767.0 / 2.0
         };
         // A sub-range of x rows and of weight rows, written transposed
         // into a poisoned buffer with a padded stride.

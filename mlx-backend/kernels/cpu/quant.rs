@@ -183,6 +183,9 @@ pub(crate) struct PreparedX {
     pub(crate) lanes: usize,
     /// x quantized to int16 per word of W (see [`super::qdot512::Int16Rows`]).
     pub(crate) int16: Option<super::qdot512::Int16Rows>,
+    /// Int16 x with one scale per group, for [`super::row_lanes`] (4 or
+    /// more rows on AVX-512 VNNI); `perm` and `int16` are then empty.
+    pub(crate) group16: Option<super::row_lanes::GroupInt16Rows>,
     /// Int16-class x as AMX tiles (bf16 hi + lo; see [`super::amx`]), for
     /// [`super::amx::MIN_ROWS`] or more rows where AMX runs; `perm` and
     /// `int16` are then empty.
@@ -201,12 +204,24 @@ impl PreparedX {
     }
 
     /// As [`PreparedX::new`]; `amx` false keeps int16 x off the AMX tiles
-    /// (the AVX-512 VNNI kernel then serves every row count).
+    /// (the AVX-512 VNNI kernels then serve every row count).
     pub(crate) fn with_amx<'x, T: Element>(
         rows: impl Iterator<Item = &'x [T]>,
         lay: &Layout,
         int16: bool,
         amx: bool,
+    ) -> Self {
+        Self::with_kernels(rows, lay, int16, amx, super::row_lanes::enabled())
+    }
+
+    /// As [`PreparedX::with_amx`]; `row_lanes` false keeps int16 x of 4+
+    /// rows on the per-word kernel instead of [`super::row_lanes`].
+    pub(crate) fn with_kernels<'x, T: Element>(
+        rows: impl Iterator<Item = &'x [T]>,
+        lay: &Layout,
+        int16: bool,
+        amx: bool,
+        row_lanes: bool,
     ) -> Self {
         let lanes = if super::qdot512::available() { 16 } else { 8 };
         if int16 && amx && super::amx::available() {
@@ -227,14 +242,15 @@ impl PreparedX {
                     rows: count,
                     lanes,
                     int16: None,
+                    group16: None,
                     amx: Some(tiles),
                 };
             }
             let int16 = super::qdot512::int16_available();
-            return Self::build(natural.chunks_exact(lay.k), lay, lanes, int16);
+            return Self::build(natural.chunks_exact(lay.k), lay, lanes, int16, row_lanes);
         }
         let int16 = int16 && super::qdot512::int16_available();
-        Self::build(rows, lay, lanes, int16)
+        Self::build(rows, lay, lanes, int16, row_lanes)
     }
 
     /// Exact f32 x in blocks of `lanes` words.
@@ -244,7 +260,7 @@ impl PreparedX {
         lay: &Layout,
         lanes: usize,
     ) -> Self {
-        Self::build(rows, lay, lanes, false)
+        Self::build(rows, lay, lanes, false, false)
     }
 
     fn build<'x, T: Element>(
@@ -252,17 +268,28 @@ impl PreparedX {
         lay: &Layout,
         lanes: usize,
         int16: bool,
+        row_lanes: bool,
     ) -> Self {
         let k = lay.k;
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        let mut x16 = int16.then(|| super::qdot512::Int16Rows::new(lay));
+        let (rows, count_hint) = {
+            let v: Vec<&[T]> = rows.collect();
+            let n = v.len();
+            (v.into_iter(), n)
+        };
+        let row_lanes =
+            row_lanes && int16 && lanes == 16 && count_hint >= super::row_lanes::MIN_ROWS;
+        let mut g16 = row_lanes.then(|| super::row_lanes::GroupInt16Rows::new(lay));
+        let mut x16 = (int16 && !row_lanes).then(|| super::qdot512::Int16Rows::new(lay));
         let mut blocked = Vec::new();
         for row in rows {
             T::load_f32(row, &mut natural);
             group_sums.extend(self::group_sums(&natural, lay.group_size));
-            if let Some(x16) = &mut x16 {
+            if let Some(g16) = &mut g16 {
+                g16.push(&natural, lay);
+            } else if let Some(x16) = &mut x16 {
                 // Block order in scratch, then rounded to int16.
                 blocked.resize(k, 0.0);
                 to_block_order(&natural, &mut blocked, vpw, lanes);
@@ -280,6 +307,7 @@ impl PreparedX {
             rows: count,
             lanes,
             int16: x16,
+            group16: g16,
             amx: None,
         }
     }
