@@ -151,7 +151,7 @@ pub(crate) fn dot_rows<P: Element>(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{GroupInt16Rows, OutStrides, QView};
-    use crate::kernels::cpu::qdot512::x86::load_params;
+    use crate::kernels::cpu::qdot512::x86::{dpwssd_bcst, load_params};
     use crate::kernels::cpu::simd::Element;
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -421,27 +421,6 @@ mod x86 {
             }
             t0 += n;
         }
-    }
-
-    /// `acc + Σ pairs of q · *pair` (one i32 pair broadcast), as one
-    /// `vpdpwssd` with a broadcast memory operand. Written out because LLVM
-    /// splits the intrinsic into `vpmaddwd` + `vpaddd` for CPUs it does not
-    /// tune for, which doubles the instructions of the inner loop.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    unsafe fn dpwssd_bcst(acc: __m512i, q: __m512i, pair: *const i32) -> __m512i {
-        let mut acc = acc;
-        // SAFETY: the caller's pointer is in bounds of a live slice.
-        unsafe {
-            std::arch::asm!(
-                "vpdpwssd {acc}, {q}, dword ptr [{p}]{{1to16}}",
-                acc = inout(zmm_reg) acc,
-                q = in(zmm_reg) q,
-                p = in(reg) pair,
-                options(pure, readonly, nostack, preserves_flags)
-            );
-        }
-        acc
     }
 
     /// One tile of 16 weight rows, transposed: per word, per group.
