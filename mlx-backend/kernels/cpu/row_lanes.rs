@@ -455,8 +455,8 @@ mod x86 {
         for g in 0..groups {
             prefetch.issue(per_group);
             let mut acc = [_mm512_setzero_si512(); R];
-            for wi in g * words_per_group..(g + 1) * words_per_group {
-                let word = wt[wi];
+            let first = g * words_per_group;
+            for (wi, &word) in wt.iter().enumerate().skip(first).take(words_per_group) {
                 for p in 0..half {
                     let q = if p == 0 {
                         _mm512_and_si512(word, field)
@@ -467,6 +467,7 @@ mod x86 {
                         )
                     };
                     for i in 0..R {
+                        // In bounds: word wi < words_per_row, p < half.
                         let pair = rows[i].0.as_ptr().add(wi * half + p);
                         acc[i] = dpwssd_bcst(acc[i], q, pair);
                     }
