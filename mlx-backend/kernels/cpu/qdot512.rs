@@ -865,7 +865,10 @@ mod tests {
         let tiles = int16 && amx && m >= super::super::amx::MIN_ROWS;
         assert_eq!(px.amx.is_some(), tiles);
         // Int16 x of 4+ rows off the tiles: one scale per group (row_lanes).
-        let per_group = int16 && !tiles && m >= super::super::row_lanes::MIN_ROWS;
+        let per_group = int16
+            && !tiles
+            && m >= super::super::row_lanes::MIN_ROWS
+            && super::super::row_lanes::enabled();
         assert_eq!(px.int16.is_some(), int16 && !tiles && !per_group);
         assert_eq!(px.group16.is_some(), per_group);
         let unit = if per_group { group } else { lay.vals_per_word };
