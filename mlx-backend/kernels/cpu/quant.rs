@@ -274,13 +274,11 @@ impl PreparedX {
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        let (rows, count_hint) = {
-            let v: Vec<&[T]> = rows.collect();
-            let n = v.len();
-            (v.into_iter(), n)
-        };
+        // The kernel depends on the row count, which the iterator may not
+        // know up front.
+        let rows: Vec<&[T]> = rows.collect();
         let row_lanes =
-            row_lanes && int16 && lanes == 16 && count_hint >= super::row_lanes::MIN_ROWS;
+            row_lanes && int16 && lanes == 16 && rows.len() >= super::row_lanes::MIN_ROWS;
         let mut g16 = row_lanes.then(|| super::row_lanes::GroupInt16Rows::new(lay));
         let mut x16 = (int16 && !row_lanes).then(|| super::qdot512::Int16Rows::new(lay));
         let mut blocked = Vec::new();
