@@ -322,6 +322,18 @@ fn int16_activations_stay_close_to_mlx_ops() {
     check(v, &[16, 30, 9], &[15, 6, 0], 23);
 }
 
+/// Six ragged rows in int16: the projections take `row_lanes` (4+ rows,
+/// one scale per group of x), which also prefetches each member's cache
+/// rows for the attention while it computes.
+#[test]
+fn int16_batch_of_six_rows_stays_close_to_mlx_ops() {
+    let v = Variant {
+        activations: ActivationPrecision::Int16,
+        ..Variant::default()
+    };
+    check(v, &[16, 30, 9, 64, 5, 41], &[15, 6, 0, 63, 2, 40], 29);
+}
+
 #[test]
 fn a_cache_held_elsewhere_is_left_unchanged() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

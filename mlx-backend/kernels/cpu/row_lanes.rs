@@ -148,9 +148,41 @@ pub(crate) fn dot_rows<P: Element>(
     }
 }
 
+/// Lines of the background regions hinted per group of a pass: with the
+/// next tile's own few, a handful of prefetches per 16+ `vpdpwssd`.
+const BACKGROUND_PER_GROUP: usize = 8;
+
+/// Regions this thread will read soon (a decoder block's KV rows, read by
+/// the attention after the q/k/v projections), prefetched a few lines per
+/// group while this kernel computes on the same thread: spread so, the
+/// hints do not crowd out the kernel's own loads, as one burst would.
+#[cfg(target_arch = "x86_64")]
+type Background = x86::Prefetch<Vec<(*const i8, usize)>>;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static BACKGROUND: std::cell::Cell<Background> =
+        std::cell::Cell::new(x86::Prefetch::new(Vec::new()));
+}
+
+/// Sets the regions (`(start, bytes)`) this thread's next calls prefetch
+/// in the background; replaces any left from before. Hints only: the
+/// memory is never read through them.
+pub(crate) fn prefetch_in_background(regions: Vec<(*const u8, usize)>) {
+    #[cfg(target_arch = "x86_64")]
+    BACKGROUND.set(x86::Prefetch::new(
+        regions.into_iter().map(|(p, n)| (p.cast(), n)).collect(),
+    ));
+}
+
+/// Drops what is left of this thread's background regions.
+pub(crate) fn stop_background_prefetch() {
+    prefetch_in_background(Vec::new());
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{GroupInt16Rows, OutStrides, QView};
+    use super::{Background, GroupInt16Rows, OutStrides, QView, BACKGROUND_PER_GROUP};
     use crate::kernels::cpu::qdot512::x86::{dpwssd_bcst, load_params};
     use crate::kernels::cpu::simd::Element;
     use std::arch::x86_64::*;
@@ -281,14 +313,14 @@ mod x86 {
 
     /// The cache lines of a few regions, handed out as prefetch hints a
     /// share at a time.
-    struct Prefetch {
-        regions: [(*const i8, usize); 3],
+    pub(super) struct Prefetch<R> {
+        pub(super) regions: R,
         /// Next (region, byte offset).
         at: (usize, usize),
     }
 
-    impl Prefetch {
-        fn new(regions: [(*const i8, usize); 3]) -> Self {
+    impl<R: AsRef<[(*const i8, usize)]>> Prefetch<R> {
+        pub(super) fn new(regions: R) -> Self {
             Prefetch {
                 regions,
                 at: (0, 0),
@@ -296,14 +328,15 @@ mod x86 {
         }
 
         fn lines(&self) -> usize {
-            self.regions.iter().map(|r| r.1.div_ceil(64)).sum()
+            self.regions.as_ref().iter().map(|r| r.1.div_ceil(64)).sum()
         }
 
         /// Hints for the next `n` lines.
         #[inline]
         fn issue(&mut self, mut n: usize) {
-            while n > 0 && self.at.0 < self.regions.len() {
-                let (start, bytes) = self.regions[self.at.0];
+            let regions = self.regions.as_ref();
+            while n > 0 && self.at.0 < regions.len() {
+                let (start, bytes) = regions[self.at.0];
                 if self.at.1 >= bytes {
                     self.at = (self.at.0 + 1, 0);
                     continue;
@@ -328,6 +361,7 @@ mod x86 {
     ) {
         let lay = &w.lay;
         let (words, groups) = (lay.words_per_row, lay.groups_per_row);
+        let mut background = super::BACKGROUND.replace(Prefetch::new(Vec::new()));
         let zero = _mm512_setzero_si512();
         // The tile's words, scales and biases, one vector per column.
         let mut wt = vec![zero; words];
@@ -389,7 +423,7 @@ mod x86 {
                     scales: &scales,
                     biases: &biases,
                 };
-                let pf = &mut prefetch;
+                let pf = (&mut prefetch, &mut background);
                 let res = unsafe {
                     match mr {
                         8 => pass::<BITS, 8>(x, group_sums, i, &tile, lay, pf),
@@ -421,6 +455,7 @@ mod x86 {
             }
             t0 += n;
         }
+        super::BACKGROUND.set(background);
     }
 
     /// One tile of 16 weight rows, transposed: per word, per group.
@@ -441,7 +476,7 @@ mod x86 {
         i0: usize,
         tile: &Tile,
         lay: &crate::kernels::cpu::quant::Layout,
-        prefetch: &mut Prefetch,
+        (prefetch, background): (&mut Prefetch<[(*const i8, usize); 3]>, &mut Background),
     ) -> [__m512; MR] {
         let (wt, scales, biases) = (tile.words, tile.scales, tile.biases);
         let half = (16 / BITS) as usize;
@@ -454,6 +489,7 @@ mod x86 {
         let mut res = [_mm512_setzero_ps(); MR];
         for g in 0..groups {
             prefetch.issue(per_group);
+            background.issue(BACKGROUND_PER_GROUP);
             let mut acc = [_mm512_setzero_si512(); R];
             let first = g * words_per_group;
             for (wi, &word) in wt.iter().enumerate().skip(first).take(words_per_group) {

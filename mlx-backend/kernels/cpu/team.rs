@@ -91,6 +91,11 @@ impl<T> SharedSlice<T> {
         }
     }
 
+    /// The buffer's start, for prefetch hints (never dereferenced here).
+    pub(crate) fn as_ptr(&self) -> *const T {
+        self.ptr
+    }
+
     /// # Safety
     /// Nobody writes the buffer in this stage.
     pub(crate) unsafe fn all(&self) -> &[T] {

@@ -244,6 +244,26 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
         // member's share (`m.share`) of a buffer, and buffers are read whole
         // only after the barrier that ends the stage writing them.
 
+        // The attention stage reads this member's cache rows from memory
+        // (the weights streamed through the caches since the last step):
+        // the projections' kernel (`row_lanes`, 4+ rows) prefetches them a
+        // few lines at a time meanwhile.
+        let group = nq / nkv;
+        let mut heads: Vec<(usize, usize)> = m
+            .share(rows * nq, 1)
+            .map(|unit| (unit / nq, unit % nq / group))
+            .collect();
+        heads.dedup();
+        let regions: Vec<(*const u8, usize)> = heads
+            .into_iter()
+            .flat_map(|(r, kh)| {
+                let (keys, values, capacity, pos) = &kv[r];
+                let (at, len) = (kh * capacity * d, (pos + 1) * d);
+                [keys, values].map(|c| (c.as_ptr().wrapping_add(at).cast(), len * 4))
+            })
+            .collect();
+        crate::kernels::cpu::row_lanes::prefetch_in_background(regions);
+
         // q, k, v projections of norm1(x).
         let xn = norm(x, &norm1, rows, h)?;
         let targets = [(&q, wq, nq * d), (&k, wk, nkv * d), (&v, wv, nkv * d)];
@@ -293,6 +313,7 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
             rope.apply(&mut key, pos, &mut angles);
             unsafe { keys.part(at, d) }.copy_from_slice(&key);
         }
+        crate::kernels::cpu::row_lanes::stop_background_prefetch();
         m.barrier()?;
 
         // Attention of each (row, query head).
