@@ -46,10 +46,7 @@ pub(crate) const MIN_ROWS: usize = 8;
 pub(crate) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        let off = matches!(
-            std::env::var("MLX_BACKEND_AMX").as_deref(),
-            Ok("0" | "off" | "false")
-        );
+        let off = super::switched_off("MLX_BACKEND_AMX");
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         return !off && x86::detect_and_request();
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]

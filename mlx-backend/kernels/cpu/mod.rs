@@ -51,6 +51,12 @@ impl XPrecision {
     }
 }
 
+/// Whether the environment variable `name` switches a CPU path off
+/// (`0`, `off` or `false`); callers read it once.
+pub(crate) fn switched_off(name: &str) -> bool {
+    matches!(std::env::var(name).as_deref(), Ok("0" | "off" | "false"))
+}
+
 use crate::dtype::Dtype;
 use crate::kernels::registry::{self, Kernel};
 

@@ -115,7 +115,7 @@ pub(crate) fn int16_available() -> bool {
 }
 
 /// Largest |int16| a value of x is rounded to.
-const INT16_MAX: f32 = 32767.0;
+pub(crate) const INT16_MAX: f32 = 32767.0;
 
 /// x rows rounded to int16, one scale per word of W (the 8 values a 4-bit
 /// word holds, the 4 of an 8-bit one): `x ≈ scale · q` with

@@ -37,16 +37,9 @@ pub(crate) const MIN_ROWS: usize = 4;
 pub(crate) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        let off = matches!(
-            std::env::var("MLX_BACKEND_ROW_LANES").as_deref(),
-            Ok("0" | "off" | "false")
-        );
-        !off && super::qdot512::int16_available()
+        !super::switched_off("MLX_BACKEND_ROW_LANES") && super::qdot512::int16_available()
     })
 }
-
-/// Largest |int16| a value of x is rounded to.
-const INT16_MAX: f32 = 32767.0;
 
 /// x rows rounded to int16 with one scale per group of W's quantisation:
 /// `x ≈ scale · q`, `scale = max|x over the group| / 32767`, each value off
@@ -184,6 +177,7 @@ pub(crate) fn stop_background_prefetch() {
 mod x86 {
     use super::{Background, GroupInt16Rows, OutStrides, QView, BACKGROUND_PER_GROUP};
     use crate::kernels::cpu::qdot512::x86::{dpwssd_bcst, load_params};
+    use crate::kernels::cpu::qdot512::INT16_MAX;
     use crate::kernels::cpu::simd::Element;
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -206,7 +200,7 @@ mod x86 {
         } else {
             _mm256_setr_epi16(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15)
         };
-        let max_q = _mm512_set1_ps(super::INT16_MAX);
+        let max_q = _mm512_set1_ps(INT16_MAX);
         for (g, chunk) in x.chunks_exact(group).enumerate() {
             let (mut max, mut nan) = (_mm512_setzero_ps(), 0 as __mmask16);
             for v in chunk.chunks_exact(16) {
@@ -217,11 +211,7 @@ mod x86 {
             }
             let m = _mm512_reduce_max_ps(max);
             let usable = nan == 0 && m > 0.0 && m.is_finite();
-            scales[g] = if nan != 0 {
-                f32::NAN
-            } else {
-                m / super::INT16_MAX
-            };
+            scales[g] = if nan != 0 { f32::NAN } else { m / INT16_MAX };
             let inv = if usable {
                 _mm512_div_ps(max_q, _mm512_set1_ps(m))
             } else {
