@@ -814,13 +814,13 @@ pub(crate) mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::cpu::quant::Layout;
     use crate::kernels::cpu::simd::test_util::Rng;
 
     /// `W[r][c]` of an MLX affine matrix, in f64.
-    fn weight<P: Element>(w: &QView<P>, r: usize, c: usize) -> f64 {
+    pub(crate) fn weight<P: Element>(w: &QView<P>, r: usize, c: usize) -> f64 {
         let lay = &w.lay;
         let vpw = lay.vals_per_word;
         let word = w.w[r * lay.words_per_row + c / vpw];
@@ -831,7 +831,7 @@ mod tests {
 
     /// A random `[n, k]` matrix (packed words, scales, biases) and `m` x rows.
     #[allow(clippy::type_complexity)]
-    fn random<P: Element>(
+    pub(crate) fn random<P: Element>(
         rng: &mut Rng,
         (m, n, k): (usize, usize, usize),
         lay: &Layout,

@@ -515,7 +515,22 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::qdot512::tests::{random, weight};
     use crate::kernels::cpu::simd::test_util::Rng;
+
+    /// `x [m, k]` rounded for the kernel, and its exact group sums.
+    fn prepare(x: &[f32], lay: &Layout) -> (GroupInt16Rows, Vec<f32>) {
+        let mut x16 = GroupInt16Rows::new(lay);
+        let mut sums = Vec::new();
+        for row in x.chunks_exact(lay.k) {
+            x16.push(row, lay);
+            sums.extend(
+                row.chunks_exact(lay.group_size)
+                    .map(|g| g.iter().sum::<f32>()),
+            );
+        }
+        (x16, sums)
+    }
 
     /// The kernel against an f64 reference of the same rounded x (so the
     /// only differences are f32 accumulation), over tile remainders, x-row
@@ -542,19 +557,9 @@ mod tests {
 
     fn case<P: Element>(rng: &mut Rng, (m, n, k): (usize, usize, usize), bits: u32, group: usize) {
         let lay = Layout::new(bits, group, n, k).unwrap();
-        let max_q = ((1u32 << bits) - 1) as f32;
-        let groups = n * lay.groups_per_row;
-        let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-        let s: Vec<P> = rng.elems(groups, 0.3 / max_q);
-        let b: Vec<P> = rng.elems(groups, 0.15);
-        let x: Vec<f32> = rng.elems(m * k, 1.0);
+        let (w, s, b, x) = random::<P>(rng, (m, n, k), &lay);
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-        let mut x16 = GroupInt16Rows::new(&lay);
-        let mut sums = Vec::new();
-        for row in x.chunks_exact(k) {
-            x16.push(row, &lay);
-            sums.extend(row.chunks_exact(group).map(|g| g.iter().sum::<f32>()));
-        }
+        let (x16, sums) = prepare(&x, &lay);
         // The rounded x, back in f32, and its distance from x.
         let rounded: Vec<f64> = (0..m * k)
             .map(|e| {
@@ -581,12 +586,6 @@ mod tests {
                 "x[{i}][{c}]: {r} vs {v}"
             );
         }
-        let weight = |r: usize, c: usize| -> f64 {
-            let word = w[r * lay.words_per_row + c / lay.vals_per_word];
-            let q = (word >> (bits as usize * (c % lay.vals_per_word))) & ((1 << bits) - 1);
-            let gi = r * lay.groups_per_row + c / group;
-            s[gi].to_f32() as f64 * q as f64 + b[gi].to_f32() as f64
-        };
         for (strides, xr, wr) in [((n, 1), 0..m, 0..n), ((1, m + 3), 1..m, 3..n)] {
             let st = OutStrides {
                 x_stride: strides.0,
@@ -601,7 +600,7 @@ mod tests {
                         // The bias term uses exact x (the group sums).
                         let gi = r * lay.groups_per_row + c / group;
                         let bias = b[gi].to_f32() as f64;
-                        let t = rounded[xi * k + c] * (weight(r, c) - bias)
+                        let t = rounded[xi * k + c] * (weight(&wv, r, c) - bias)
                             + x[xi * k + c] as f64 * bias;
                         want += t;
                         mag += t.abs();
@@ -625,18 +624,10 @@ mod tests {
         let mut rng = Rng::new(7);
         let (m, n, k) = (5, 20, 576);
         let lay = Layout::new(4, 32, n, k).unwrap();
-        let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-        let s: Vec<f32> = rng.elems(n * lay.groups_per_row, 0.02);
-        let b: Vec<f32> = rng.elems(n * lay.groups_per_row, 0.1);
-        let mut x: Vec<f32> = rng.elems(m * k, 1.0);
+        let (w, s, b, mut x) = random::<f32>(&mut rng, (m, n, k), &lay);
         x[2 * k + 100] = f32::NAN;
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-        let mut x16 = GroupInt16Rows::new(&lay);
-        let mut sums = Vec::new();
-        for row in x.chunks_exact(k) {
-            x16.push(row, &lay);
-            sums.extend(row.chunks_exact(32).map(|g| g.iter().sum::<f32>()));
-        }
+        let (x16, sums) = prepare(&x, &lay);
         let mut out = vec![0.0f32; m * n];
         let st = OutStrides {
             x_stride: n,
@@ -661,12 +652,9 @@ mod tests {
         let mut rng = Rng::new(3);
         for (n, k) in [(1536, 576), (576, 1536), (576, 576)] {
             let lay = Layout::new(4, 32, n, k).unwrap();
-            let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-            let s: Vec<half::f16> = rng.elems(n * lay.groups_per_row, 0.02);
-            let b: Vec<half::f16> = rng.elems(n * lay.groups_per_row, 0.1);
-            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
             for m in [4, 8, 16, 64] {
-                let x: Vec<f32> = rng.elems(m * k, 1.0);
+                let (w, s, b, x) = random::<half::f16>(&mut rng, (m, n, k), &lay);
+                let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
                 let mut out = vec![0.0f32; m * n];
                 let st = OutStrides {
                     x_stride: n,
