@@ -196,7 +196,7 @@ impl PreparedX {
     /// Block order for the widest kernel this CPU runs; `int16` asks for
     /// int16 x where that kernel has it (AVX-512 VNNI), exact f32 otherwise.
     pub(crate) fn new<'x, T: Element>(
-        rows: impl Iterator<Item = &'x [T]>,
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         int16: bool,
     ) -> Self {
@@ -206,7 +206,7 @@ impl PreparedX {
     /// As [`PreparedX::new`]; `amx` false keeps int16 x off the AMX tiles
     /// (the AVX-512 VNNI kernels then serve every row count).
     pub(crate) fn with_amx<'x, T: Element>(
-        rows: impl Iterator<Item = &'x [T]>,
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         int16: bool,
         amx: bool,
@@ -217,7 +217,7 @@ impl PreparedX {
     /// As [`PreparedX::with_amx`]; `row_lanes` false keeps int16 x of 4+
     /// rows on the per-word kernel instead of [`super::row_lanes`].
     pub(crate) fn with_kernels<'x, T: Element>(
-        rows: impl Iterator<Item = &'x [T]>,
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         int16: bool,
         amx: bool,
@@ -256,7 +256,7 @@ impl PreparedX {
     /// Exact f32 x in blocks of `lanes` words.
     #[cfg(test)]
     pub(crate) fn with_lanes<'x, T: Element>(
-        rows: impl Iterator<Item = &'x [T]>,
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         lanes: usize,
     ) -> Self {
@@ -264,7 +264,7 @@ impl PreparedX {
     }
 
     fn build<'x, T: Element>(
-        rows: impl Iterator<Item = &'x [T]>,
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         lanes: usize,
         int16: bool,
@@ -274,9 +274,6 @@ impl PreparedX {
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        // The kernel depends on the row count, which the iterator may not
-        // know up front.
-        let rows: Vec<&[T]> = rows.collect();
         let row_lanes =
             row_lanes && int16 && lanes == 16 && rows.len() >= super::row_lanes::MIN_ROWS;
         let mut g16 = row_lanes.then(|| super::row_lanes::GroupInt16Rows::new(lay));

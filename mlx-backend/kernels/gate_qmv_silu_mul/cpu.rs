@@ -212,7 +212,7 @@ enum Prepared {
 
 impl Prepared {
     fn new<'x, T: Element>(
-        rows: impl Iterator<Item = &'x [T]>,
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         xp: XPrecision,
     ) -> Self {
