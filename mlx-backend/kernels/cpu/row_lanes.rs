@@ -339,6 +339,19 @@ mod x86 {
         }
     }
 
+    /// [`drive`]'s per-tile buffers, kept per thread between calls.
+    #[derive(Default)]
+    struct TileScratch {
+        words: Vec<__m512i>,
+        scales: Vec<__m512>,
+        biases: Vec<__m512>,
+    }
+
+    thread_local! {
+        static TILE_SCRATCH: std::cell::Cell<TileScratch> =
+            std::cell::Cell::new(TileScratch::default());
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn drive<P: Element, const BITS: u32>(
         x: &GroupInt16Rows,
@@ -352,11 +365,23 @@ mod x86 {
         let lay = &w.lay;
         let (words, groups) = (lay.words_per_row, lay.groups_per_row);
         let mut background = super::BACKGROUND.replace(Prefetch::new(Vec::new()));
-        let zero = _mm512_setzero_si512();
-        // The tile's words, scales and biases, one vector per column.
-        let mut wt = vec![zero; words];
-        let mut scales = vec![_mm512_setzero_ps(); groups];
-        let mut biases = vec![_mm512_setzero_ps(); groups];
+        // The tile's words, scales and biases, one vector per column: the
+        // thread's buffers from its earlier calls (each tile overwrites
+        // every column it reads), not three allocations per call.
+        let mut scratch = TILE_SCRATCH.take();
+        scratch.words.resize(words, _mm512_setzero_si512());
+        scratch.scales.resize(groups, _mm512_setzero_ps());
+        scratch.biases.resize(groups, _mm512_setzero_ps());
+        let TileScratch {
+            words: wt,
+            scales,
+            biases,
+        } = &mut scratch;
+        let (wt, scales, biases) = (
+            &mut wt[..words],
+            &mut scales[..groups],
+            &mut biases[..groups],
+        );
         let mut t0 = rows.start;
         while t0 < rows.end {
             let n = (rows.end - t0).min(16);
@@ -387,9 +412,9 @@ mod x86 {
                         let p = w.w.as_ptr().add(row(j) * words + c0);
                         _mm512_maskz_loadu_epi32(mask, p.cast())
                     },
-                    &mut wt,
+                    &mut *wt,
                 );
-                for (src, dst) in [(w.scales, &mut scales), (w.biases, &mut biases)] {
+                for (src, dst) in [(w.scales, &mut *scales), (w.biases, &mut *biases)] {
                     // f32 bits through the integer transpose.
                     let dst: &mut [__m512i] =
                         std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast(), groups);
@@ -409,9 +434,9 @@ mod x86 {
                 let mr = (xrows.end - i).min(MR);
                 // SAFETY: the caller bounded x, W and out; `i..i + mr` are x rows.
                 let tile = Tile {
-                    words: &wt,
-                    scales: &scales,
-                    biases: &biases,
+                    words: wt,
+                    scales,
+                    biases,
                 };
                 let pf = (&mut prefetch, &mut background);
                 let res = unsafe {
@@ -446,6 +471,7 @@ mod x86 {
             t0 += n;
         }
         super::BACKGROUND.set(background);
+        TILE_SCRATCH.set(scratch);
     }
 
     /// One tile of 16 weight rows, transposed: per word, per group.
