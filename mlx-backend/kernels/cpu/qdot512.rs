@@ -1114,4 +1114,104 @@ pub(crate) mod tests {
             );
         }
     }
+
+    /// The default model's batch-1 weight sweep from memory: 30 blocks of
+    /// (q, k, v, o, gate, up, down) at their shapes (4-bit, group 32, f16
+    /// params) and the 8-bit lm_head, ~98 MB, far more than the L3; one
+    /// int16 x row against each matrix in turn, the team splitting each
+    /// matrix's rows as `decoder_layer` does, a barrier after each. Prints
+    /// GB/s of weights+params beside a plain 2-thread read of a buffer of the
+    /// same size, so the gap is what the kernel's access pattern costs.
+    /// `cargo test --release --lib qdot512::tests::sweep_from_memory -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn sweep_from_memory() {
+        use crate::kernels::cpu::team;
+        if !int16_available() {
+            return;
+        }
+        let mut rng = Rng::new(9);
+        let (h, inter) = (576, 1536);
+        let shapes = [
+            (576, h),
+            (192, h),
+            (192, h),
+            (h, 576),
+            (inter, h),
+            (inter, h),
+            (h, inter),
+        ];
+        let mut mats = Vec::new();
+        for _ in 0..30 {
+            for &(n, k) in &shapes {
+                let lay = Layout::new(4, 32, n, k).unwrap();
+                mats.push((lay, random::<half::f16>(&mut rng, (1, n, k), &lay)));
+            }
+        }
+        let lay = Layout::new(8, 32, 49152, h).unwrap();
+        mats.push((lay, random::<half::f16>(&mut rng, (1, 49152, h), &lay)));
+        let bytes: usize = mats
+            .iter()
+            .map(|(_, (w, s, b, _))| w.len() * 4 + (s.len() + b.len()) * 2)
+            .sum();
+        let prepared: Vec<PreparedX> = mats
+            .iter()
+            .map(|(lay, (_, _, _, x))| PreparedX::new(x.chunks_exact(lay.k), lay, true))
+            .collect();
+        let mut outs: Vec<Vec<f32>> = mats.iter().map(|(lay, _)| vec![0.0; lay.n]).collect();
+        let outs: Vec<team::SharedSlice<f32>> =
+            outs.iter_mut().map(|o| team::SharedSlice::new(o)).collect();
+        let sweep = || {
+            team::run(|m| {
+                for (((lay, (w, s, b, _)), px), out) in mats.iter().zip(&prepared).zip(&outs) {
+                    let wv = QView::new("w", w, s, b, *lay, 1).unwrap();
+                    let rows = m.share(lay.n, 8);
+                    let part = unsafe { out.part(rows.start, rows.len()) };
+                    let st = OutStrides {
+                        x_stride: lay.n,
+                        w_stride: 1,
+                    };
+                    dot_rows(px, 0..1, &wv, rows, part, st);
+                    m.barrier()?;
+                }
+                Ok(())
+            })
+            .unwrap()
+        };
+        let buf: Vec<f32> = (0..bytes / 4).map(|i| i as f32).collect();
+        // Sixteen independent sums: vectorised, bound by the reads.
+        let sum = |c: &[f32]| {
+            let mut acc = [0.0f32; 16];
+            for v in c.chunks_exact(16) {
+                (0..16).for_each(|i| acc[i] += v[i]);
+            }
+            acc.iter().sum::<f32>()
+        };
+        let read = || {
+            let half = buf.len() / 2;
+            std::thread::scope(|s| {
+                let a = s.spawn(|| sum(&buf[..half]));
+                sum(&buf[half..]) + a.join().unwrap()
+            })
+        };
+        sweep();
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            for _ in 0..5 {
+                sweep();
+            }
+            let kernel = t.elapsed().as_secs_f64() / 5.0;
+            let t = std::time::Instant::now();
+            let sink = read();
+            let plain = t.elapsed().as_secs_f64();
+            println!(
+                "sweep {:.1} MB: kernel {:.2} ms ({:.1} GB/s), plain read {:.2} ms ({:.1} GB/s) ({sink:.0e})",
+                bytes as f64 / 1e6,
+                kernel * 1e3,
+                bytes as f64 / kernel / 1e9,
+                plain * 1e3,
+                bytes as f64 / plain / 1e9
+            );
+        }
+    }
 }

@@ -20,13 +20,15 @@ use std::ops::Range;
 use crate::ffi::DecoderLayerSpec;
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::quant::QuantMatrix;
-use crate::kernels::cpu::simd::{self, Element};
+use crate::kernels::cpu::simd::Element;
 use crate::kernels::cpu::team::{self, SharedSlice};
 use crate::kernels::cpu::{run_entry, with_float, FloatKind, XPrecision};
 use crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with;
 use crate::kernels::quantized_matmul::cpu::{quantized_matmul_shared_x, quantized_matmul_with};
 use crate::kernels::registry::Kernel;
 use crate::kernels::rms_norm::cpu::rms_norm;
+
+use super::attend::attend_heads;
 
 /// The projections, in the order of their `(bits, group_size)` pairs and
 /// of their `[w, scales, biases]` inputs.
@@ -248,10 +250,13 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
         // (the weights streamed through the caches since the last step):
         // the projections' kernel (`row_lanes`, 4+ rows) prefetches them a
         // few lines at a time meanwhile.
-        let group = nq / nkv;
+        let units = AttentionUnits::new(rows, nq, nkv, m.size);
         let mut heads: Vec<(usize, usize)> = m
-            .share(rows * nq, 1)
-            .map(|unit| (unit / nq, unit % nq / group))
+            .share(units.count(), 1)
+            .map(|unit| {
+                let (r, kh, _) = units.unit(unit);
+                (r, kh)
+            })
             .collect();
         heads.dedup();
         let regions: Vec<(*const u8, usize)> = heads
@@ -316,33 +321,38 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
         crate::kernels::cpu::row_lanes::stop_background_prefetch();
         m.barrier()?;
 
-        // Attention of each (row, query head).
-        let (mut query, mut scores) = (vec![0.0f32; d], Vec::new());
-        for unit in m.share(rows * nq, 1) {
-            let (r, qh) = (unit / nq, unit % nq);
+        // Attention of each (row, kv head, group of its query heads).
+        let (mut query, mut scores) = (Vec::new(), Vec::new());
+        for unit in m.share(units.count(), 1) {
+            let (r, kh, qheads) = units.unit(unit);
             let (keys, values, capacity, pos) = &kv[r];
             let (capacity, pos) = (*capacity, *pos);
-            query.copy_from_slice(&qa[unit * d..][..d]);
-            if let Some([bq, _, _]) = &bias {
-                query
-                    .iter_mut()
-                    .zip(&bq[qh * d..])
-                    .for_each(|(a, b)| *a += b);
+            let first = r * nq + qheads.start;
+            query.clear();
+            query.extend_from_slice(&qa[first * d..][..qheads.len() * d]);
+            for (qh, head) in qheads.clone().zip(query.chunks_exact_mut(d)) {
+                if let Some([bq, _, _]) = &bias {
+                    head.iter_mut()
+                        .zip(&bq[qh * d..])
+                        .for_each(|(a, b)| *a += b);
+                }
+                if let Some([qn, _]) = &qk_norm {
+                    let normed = norm(head, qn, 1, d)?;
+                    head.copy_from_slice(&normed);
+                }
+                rope.apply(head, pos, &mut angles);
             }
-            if let Some([qn, _]) = &qk_norm {
-                query = norm(&query, qn, 1, d)?;
-            }
-            rope.apply(&mut query, pos, &mut angles);
-            let base = qh / (nq / nkv) * capacity * d;
+            let base = kh * capacity * d;
             let len = (pos + 1) * d;
             let (keys, values) = unsafe { (keys.all(), values.all()) };
-            attend(
+            attend_heads(
                 &query,
                 &keys[base..][..len],
                 &values[base..][..len],
+                d,
                 g.attn_scale,
                 &mut scores,
-                unsafe { attn.part(unit * d, d) },
+                unsafe { attn.part(first * d, qheads.len() * d) },
             );
         }
         m.barrier()?;
@@ -399,41 +409,46 @@ pub(crate) fn decoder_layer<P: Element, N: Element>(
     })
 }
 
-/// `softmax(scale·q·Kᵀ)·V` for one query over `keys, values [S, d]`.
-fn attend(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let d = q.len();
-    // The cache rows come from L3 or memory: ask for all of them up front
-    // (a hint; ~5% of the attention stage at batch 8, alternating runs).
-    #[cfg(target_arch = "x86_64")]
-    for line in (0..keys.len().min(values.len())).step_by(16) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: prefetches of addresses inside the two slices.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(keys.as_ptr().add(line).cast());
-            _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(line).cast());
+/// The attention stage's units of work: (row, kv head, a group of that
+/// head's query heads). A unit's query heads read its keys and values
+/// once; the groups are split only as far as needed to give every member
+/// two units or more (batch 1 has just `n_kv_heads` whole groups).
+struct AttentionUnits {
+    rows: usize,
+    nkv: usize,
+    group: usize,
+    parts: usize,
+}
+
+impl AttentionUnits {
+    fn new(rows: usize, nq: usize, nkv: usize, members: usize) -> Self {
+        let group = nq / nkv;
+        let parts = (1..=group)
+            .find(|p| rows * nkv * p >= 2 * members)
+            .unwrap_or(group);
+        AttentionUnits {
+            rows,
+            nkv,
+            group,
+            parts,
         }
     }
-    scores.clear();
-    for quad in keys.chunks(4 * d) {
-        // A short final group repeats its last key; the extra sums are dropped.
-        let n = quad.len() / d;
-        let w = [0, 1, 2, 3].map(|j| &quad[j.min(n - 1) * d..][..d]);
-        let s = simd::dot4(q, w);
-        scores.extend(s.iter().take(n).map(|v| scale * v));
+
+    fn count(&self) -> usize {
+        self.rows * self.nkv * self.parts
     }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum = crate::kernels::cpu::vector_math::exp_shifted_sum(scores, max);
-    let inv = 1.0 / sum;
-    scores.iter_mut().for_each(|p| *p *= inv);
-    out.iter_mut().for_each(|o| *o = 0.0);
-    crate::kernels::cpu::vector_math::weighted_rows(out, scores, values);
+
+    /// Unit `u`'s row, kv head and query heads (indices within the row).
+    fn unit(&self, u: usize) -> (usize, usize, Range<usize>) {
+        let (r, rest) = (u / (self.nkv * self.parts), u % (self.nkv * self.parts));
+        let (kh, part) = (rest / self.parts, rest % self.parts);
+        let heads = crate::kernels::cpu::team::split(self.group, self.parts, part, 1);
+        (
+            r,
+            kh,
+            kh * self.group + heads.start..kh * self.group + heads.end,
+        )
+    }
 }
 
 /// A buffer table from C++: `(address, bytes)` pairs of MLX buffers.
