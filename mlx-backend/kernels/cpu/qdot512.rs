@@ -20,6 +20,15 @@
 //! per instruction against the FMA's 16; a 4-bit pair is one shift and one
 //! mask); per block the int32 sums become f32 times the words' x scales,
 //! then the same per-lane weight scales and bias term as exact x.
+//!
+//! With bf16 x against 4-bit W in exact mode ([`Bf16Rows`], AVX-512 BF16)
+//! the pairs are bf16 and meet the weights through `vdpbf16ps` (32
+//! multiply-adds into f32 per instruction, the products exact): a 4-bit
+//! value q becomes the bf16 of `128 + q` by one shift and one
+//! `vpternlogd` (`0x4300 | q`: 128's exponent with q as the mantissa), and
+//! `128 · Σx` over each word comes off the word's sum before W's scales.
+//! The exact f32 body spends a shift, a `vpermps` and an FMA per 16
+//! multiply-adds, which bounds it on Zen 4's double-pumped 512-bit units.
 
 use std::ops::Range;
 
@@ -178,6 +187,77 @@ impl Int16Rows {
     }
 }
 
+/// True when bf16 x may meet 4-bit W through `vdpbf16ps` ([`Bf16Rows`]):
+/// AVX-512 BF16 runs and `MLX_BACKEND_BF16_DOT` is not `0`/`off`/`false`
+/// (read once).
+pub(crate) fn bf16_available() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            available()
+                && is_x86_feature_detected!("avx512bf16")
+                && !super::switched_off("MLX_BACKEND_BF16_DOT")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// bf16 x rows (exact: the values x already had) as [`Int16Rows`]'
+/// pairs, for 4-bit W: lane j of pair p of a block holds values p and
+/// p + 4 of word j as the low and high bf16 of a u32, and each word has
+/// `128 · Σx` over its 8 values (f32), the offset the kernel's `128 + q`
+/// weights add.
+pub(crate) struct Bf16Rows {
+    pairs: Vec<u32>,
+    offsets: Vec<f32>,
+    row_words: usize,
+}
+
+impl Bf16Rows {
+    pub(crate) fn new(lay: &super::quant::Layout) -> Self {
+        assert_eq!(lay.bits, 4, "bf16 pairs serve 4-bit weights");
+        Bf16Rows {
+            pairs: Vec::new(),
+            offsets: Vec::new(),
+            row_words: lay.words_per_row,
+        }
+    }
+
+    /// Appends one row given in f32 block order with 16 lanes, every value
+    /// a bf16 widened to f32 (its low 16 bits zero, so the pairs are exact).
+    pub(crate) fn push(&mut self, x: &[f32]) {
+        let words = self.row_words;
+        assert_eq!(x.len(), words * 8);
+        let bf16 = |v: f32| v.to_bits() >> 16;
+        for b0 in (0..words).step_by(16) {
+            let lanes = (words - b0).min(16);
+            let block = &x[b0 * 8..][..lanes * 8];
+            for p in 0..4 {
+                self.pairs.extend(
+                    (0..lanes).map(|j| {
+                        bf16(block[p * lanes + j]) | bf16(block[(p + 4) * lanes + j]) << 16
+                    }),
+                );
+            }
+            self.offsets.extend(
+                (0..lanes).map(|j| 128.0 * (0..8).map(|v| block[v * lanes + j]).sum::<f32>()),
+            );
+        }
+    }
+
+    fn row(&self, i: usize) -> (&[u32], &[f32]) {
+        let w = self.row_words;
+        (
+            &self.pairs[i * 4 * w..][..4 * w],
+            &self.offsets[i * w..][..w],
+        )
+    }
+}
+
 /// Where [`dot_rows`] writes: `out[i * x_stride + j * w_stride]` holds x row
 /// `xrows.start + i` against weight row `rows.start + j`.
 #[derive(Clone, Copy)]
@@ -219,6 +299,20 @@ pub(crate) fn dot_rows<P: Element>(
     }
     if let Some(g16) = &px.group16 {
         return super::row_lanes::dot_rows(g16, &px.group_sums, xrows, w, rows, out, strides);
+    }
+    if let Some(xb) = &px.bf16 {
+        assert!(
+            bf16_available() && lay.bits == 4,
+            "bf16 pairs need AVX-512 BF16 and 4-bit W"
+        );
+        assert_eq!(xb.row_words, lay.words_per_row);
+        assert_eq!(xb.offsets.len(), px.rows * xb.row_words);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU features were detected; the asserts bound every access.
+        unsafe {
+            x86::bf16::drive::<P, x86::Bf16Row, 4>(px, xrows, w, rows, out, strides)
+        };
+        return;
     }
     match &px.int16 {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
@@ -360,6 +454,83 @@ pub(crate) mod x86 {
             }
             out
         }
+    }
+
+    /// A bf16 x row: pairs and per-word offsets ([`super::Bf16Rows`]).
+    #[derive(Clone, Copy)]
+    pub(super) struct Bf16Row<'x> {
+        pairs: &'x [u32],
+        offsets: &'x [f32],
+    }
+
+    impl<'x> XRow<'x> for Bf16Row<'x> {
+        fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
+            let (pairs, offsets) = px.bf16.as_ref().expect("bf16 x").row(i);
+            Bf16Row { pairs, offsets }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize>(
+            x: &[Self; MR],
+            wv: &[__m512i; NR],
+            b0: usize,
+            lanes: usize,
+            mask: __mmask16,
+        ) -> [[__m512; NR]; MR] {
+            debug_assert_eq!(BITS, 4);
+            let field = _mm512_set1_epi32(0x000F_000F);
+            let exponent = _mm512_set1_epi32(0x4300_4300);
+            let mut s = [[_mm512_setzero_ps(); NR]; MR];
+            for p in 0..4 {
+                let shift = _mm512_set1_epi32(4 * p as i32);
+                // (w >> 4p) & 0x000F000F | 0x43004300: bf16 128 + q, twice.
+                let q: [__m512i; NR] = std::array::from_fn(|n| {
+                    _mm512_ternarylogic_epi32::<0xEA>(
+                        _mm512_srlv_epi32(wv[n], shift),
+                        field,
+                        exponent,
+                    )
+                });
+                for i in 0..MR {
+                    let at = b0 * 4 + p * lanes;
+                    // SAFETY: the caller's mask bounds the load.
+                    let xv = unsafe {
+                        _mm512_maskz_loadu_epi32(mask, x[i].pairs.as_ptr().add(at).cast())
+                    };
+                    for n in 0..NR {
+                        s[i][n] = dpbf16(s[i][n], q[n], xv);
+                    }
+                }
+            }
+            for i in 0..MR {
+                // SAFETY: as above.
+                let o = unsafe { _mm512_maskz_loadu_ps(mask, x[i].offsets.as_ptr().add(b0)) };
+                for v in s[i].iter_mut() {
+                    *v = _mm512_sub_ps(*v, o);
+                }
+            }
+            s
+        }
+    }
+
+    /// `acc + a · b` over bf16 pairs into f32 (`vdpbf16ps`), written out as
+    /// `dpwssd` is.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(crate) fn dpbf16(acc: __m512, a: __m512i, b: __m512i) -> __m512 {
+        let mut acc = acc;
+        // SAFETY: register operands only; the features are enabled here.
+        unsafe {
+            std::arch::asm!(
+                "vdpbf16ps {acc}, {a}, {b}",
+                acc = inout(zmm_reg) acc,
+                a = in(zmm_reg) a,
+                b = in(zmm_reg) b,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        acc
     }
 
     /// `acc + a · b` by int16 pairs (`vpdpwssd`), written out: LLVM turns
@@ -811,6 +982,7 @@ pub(crate) mod x86 {
     }
     chain!("avx512f,avx512bw,avx512vl", exact);
     chain!("avx512f,avx512bw,avx512vl,avx512vnni", vnni);
+    chain!("avx512f,avx512bw,avx512vl,avx512bf16", bf16);
 }
 
 #[cfg(test)]
@@ -949,6 +1121,82 @@ pub(crate) mod tests {
                 case::<f32>(&mut rng, (m, n, k), bits, group, mode);
                 case::<half::f16>(&mut rng, (m, n, k), bits, group, mode);
                 case::<half::bf16>(&mut rng, (m, n, k), bits, group, mode);
+            }
+        }
+    }
+
+    /// bf16 x against 4-bit W through `vdpbf16ps` (exact mode): within f32
+    /// rounding of the f64 dot of the same bf16 values, counted on the
+    /// `128 + q` magnitudes the kernel sums before taking the offset off;
+    /// every register block, a short final block, f32/f16/bf16 params, a
+    /// strided sub-range of rows; NaN in x reaches its row only.
+    #[test]
+    fn bf16_x_matches_f64_reference() {
+        if !bf16_available() {
+            return;
+        }
+        let mut rng = Rng::new(0xbf16);
+        for (m, n, k, group) in [
+            (1, 23, 576, 32),
+            (3, 9, 576, 64),
+            (6, 5, 96, 32),
+            (9, 33, 1536, 128),
+        ] {
+            bf16_case::<f32>(&mut rng, (m, n, k), group);
+            bf16_case::<half::f16>(&mut rng, (m, n, k), group);
+            bf16_case::<half::bf16>(&mut rng, (m, n, k), group);
+        }
+    }
+
+    fn bf16_case<P: Element>(rng: &mut Rng, (m, n, k): (usize, usize, usize), group: usize) {
+        let lay = Layout::new(4, group, n, k).unwrap();
+        let (w, s, b, x) = random::<P>(rng, (m, n, k), &lay);
+        let mut x: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
+        let run = |x: &[half::bf16]| {
+            let px = PreparedX::new(x.chunks_exact(k), &lay, false);
+            assert!(px.bf16.is_some() && px.perm.is_empty());
+            let (xr, wr) = (m / 3..m, 1..n);
+            let stride = xr.len() + 3;
+            let mut out = vec![f32::NAN; wr.len() * stride];
+            let st = OutStrides {
+                x_stride: 1,
+                w_stride: stride,
+            };
+            dot_rows(&px, xr, &wv, wr, &mut out, st);
+            (out, stride)
+        };
+        let (out, stride) = run(&x);
+        for (i, xi) in (m / 3..m).enumerate() {
+            for (j, r) in (1..n).enumerate() {
+                let (mut want, mut mag) = (0.0f64, 0.0f64);
+                for c in 0..k {
+                    let xv = x[xi * k + c].to_f32() as f64;
+                    let wc = weight(&wv, r, c);
+                    want += xv * wc;
+                    let g = r * lay.groups_per_row + c / group;
+                    let q = (wc - wv.biases[g].to_f32() as f64) / wv.scales[g].to_f32() as f64;
+                    mag +=
+                        (xv * wc).abs() + (xv * (128.0 + q) * wv.scales[g].to_f32() as f64).abs();
+                }
+                let got = out[i + j * stride] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-6 * mag,
+                    "m={m} n={n} k={k} group={group} x row {xi} w row {r}: {got} vs {want}"
+                );
+            }
+            assert!(out[(n - 2) * stride + (m - m / 3)..]
+                .iter()
+                .all(|v| v.is_nan()));
+        }
+        let row = m - 1;
+        x[row * k + k / 2] = half::bf16::NAN;
+        let (out, stride) = run(&x);
+        let i = row - m / 3;
+        for j in 0..n - 1 {
+            assert!(out[i + j * stride].is_nan());
+            if i > 0 {
+                assert!(out[j * stride].is_finite());
             }
         }
     }
@@ -1212,6 +1460,52 @@ pub(crate) mod tests {
                 plain * 1e3,
                 bytes as f64 / plain / 1e9
             );
+        }
+    }
+
+    /// bf16 x through `vdpbf16ps` against the exact f32 body on the same
+    /// values, one thread, weights in cache (bf16 params):
+    /// `cargo test --release --lib qdot512::tests::bf16_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn bf16_speed() {
+        if !bf16_available() {
+            return;
+        }
+        let mut rng = Rng::new(5);
+        for (m, n, k, g) in [(1, 1408, 2048, 64), (1, 1536, 576, 32), (4, 1408, 2048, 64)] {
+            let lay = Layout::new(4, g, n, k).unwrap();
+            let (w, s, b, x) = random::<half::bf16>(&mut rng, (m, n, k), &lay);
+            let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            let xf: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
+            let mut out = vec![0.0f32; m * n];
+            let st = OutStrides {
+                x_stride: n,
+                w_stride: 1,
+            };
+            let reps = 2000;
+            let pb = PreparedX::new(xb.chunks_exact(k), &lay, false);
+            let pf = PreparedX::new(xf.chunks_exact(k), &lay, false);
+            assert!(pb.bf16.is_some() && pf.bf16.is_none());
+            for _ in 0..3 {
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    dot_rows(&pb, 0..m, &wv, 0..n, &mut out, st);
+                }
+                let tb = t.elapsed().as_secs_f64() / reps as f64;
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    dot_rows(&pf, 0..m, &wv, 0..n, &mut out, st);
+                }
+                let tf = t.elapsed().as_secs_f64() / reps as f64;
+                let mac = (m * n * k) as f64;
+                println!(
+                    "m={m} n={n} k={k}: bf16 {:.1} GMAC/s, exact f32 {:.1} GMAC/s",
+                    mac / tb / 1e9,
+                    mac / tf / 1e9
+                );
+            }
         }
     }
 }

@@ -186,6 +186,10 @@ pub(crate) struct PreparedX {
     /// Int16 x with one scale per group, for [`super::row_lanes`] (4 or
     /// more rows on AVX-512 VNNI); `perm` and `int16` are then empty.
     pub(crate) group16: Option<super::row_lanes::GroupInt16Rows>,
+    /// bf16 x exactly, for `vdpbf16ps` against 4-bit W (see
+    /// [`super::qdot512::Bf16Rows`]): exact-mode calls whose x is bf16;
+    /// `perm` is then empty.
+    pub(crate) bf16: Option<super::qdot512::Bf16Rows>,
     /// Int16-class x as AMX tiles (bf16 hi + lo; see [`super::amx`]), for
     /// [`super::amx::MIN_ROWS`] or more rows where AMX runs; `perm` and
     /// `int16` are then empty.
@@ -243,6 +247,7 @@ impl PreparedX {
                     lanes,
                     int16: None,
                     group16: None,
+                    bf16: None,
                     amx: Some(tiles),
                 };
             }
@@ -278,6 +283,13 @@ impl PreparedX {
             row_lanes && int16 && lanes == 16 && rows.len() >= super::row_lanes::MIN_ROWS;
         let mut g16 = row_lanes.then(|| super::row_lanes::GroupInt16Rows::new(lay));
         let mut x16 = (int16 && !row_lanes).then(|| super::qdot512::Int16Rows::new(lay));
+        // bf16 x is exact as bf16 pairs: the widened f32 only adds zeros.
+        let bf16 = !int16
+            && lanes == 16
+            && lay.bits == 4
+            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<half::bf16>()
+            && super::qdot512::bf16_available();
+        let mut xb = bf16.then(|| super::qdot512::Bf16Rows::new(lay));
         let mut blocked = Vec::new();
         for row in rows {
             T::load_f32(row, &mut natural);
@@ -289,6 +301,10 @@ impl PreparedX {
                 blocked.resize(k, 0.0);
                 to_block_order(&natural, &mut blocked, vpw, lanes);
                 x16.push(&blocked);
+            } else if let Some(xb) = &mut xb {
+                blocked.resize(k, 0.0);
+                to_block_order(&natural, &mut blocked, vpw, lanes);
+                xb.push(&blocked);
             } else {
                 let start = perm.len();
                 perm.resize(start + k, 0.0);
@@ -303,6 +319,7 @@ impl PreparedX {
             lanes,
             int16: x16,
             group16: g16,
+            bf16: xb,
             amx: None,
         }
     }

@@ -74,6 +74,10 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
     }
     let px = Prepared::new(x.chunks_exact(k), &lay, xp);
     if let Some(p) = px.for_512() {
+        if on_team(m, n, k) {
+            let rows: Vec<usize> = (0..m).collect();
+            return team_512(&[(rows.as_slice(), p, gv, uv)], out, n);
+        }
         dense_512(p, &gv, &uv, out);
         return Ok(());
     }
@@ -166,7 +170,36 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
     }
     let mut order: Vec<usize> = (0..rows).collect();
     order.sort_by_key(|&i| experts[i]);
-    for group in order.chunk_by(|&a, &b| experts[a] == experts[b]) {
+    let groups: Vec<&[usize]> = order.chunk_by(|&a, &b| experts[a] == experts[b]).collect();
+    if on_team(rows, n, k) {
+        let prepared: Vec<Prepared> = groups
+            .iter()
+            .map(|g| {
+                Prepared::new(
+                    g.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]),
+                    &lay,
+                    xp,
+                )
+            })
+            .collect();
+        if prepared.iter().all(|p| p.for_512().is_some()) {
+            let jobs: Vec<_> = groups
+                .iter()
+                .zip(&prepared)
+                .map(|(g, p)| {
+                    let e = experts[g[0]] as usize;
+                    (
+                        *g,
+                        p.for_512().expect("checked"),
+                        gv.expert(e),
+                        uv.expert(e),
+                    )
+                })
+                .collect();
+            return team_512(&jobs, out, n);
+        }
+    }
+    for group in groups {
         let e = experts[group[0]] as usize;
         let x_sel = group.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
         let px = Prepared::new(x_sel, &lay, xp);
@@ -205,6 +238,7 @@ fn shared_layout(
 }
 
 /// x rows prepared once per call: f32 (or int16) in block order, or int8.
+#[allow(clippy::large_enum_variant)] // one per call, never moved in a loop
 enum Prepared {
     Exact(PreparedX),
     Int8(Q8Activations, Int8Tier),
@@ -358,6 +392,67 @@ fn dense_512<T: Element, P: Element>(
 fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
     m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !crate::kernels::cpu::team::in_team()
 }
+
+/// Whether a call this size runs on the CPU team ([`team_512`]): decode
+/// sizes (few rows) worth splitting, outside a team member.
+fn on_team(rows: usize, n: usize, k: usize) -> bool {
+    rows <= TEAM_MAX_ROWS && worth_splitting(rows, n, k)
+}
+
+/// x rows up to which decode-sized calls take the team.
+const TEAM_MAX_ROWS: usize = 32;
+
+/// Each `(rows, x, gate, up)` job writes output rows `rows` (x row `i`
+/// of the job to `out[rows[i]]`), in units of [`TEAM_COLS`] output
+/// columns that the members claim in turn, so one team job covers all
+/// experts. Rayon cut a decode row into 16-column tasks (88 per expert at
+/// N = 1408), each as short as its scheduling. Claiming (not fixed
+/// shares) because a helper that has parked (after a pause of more than a
+/// few ms) can take long to wake on a VM: the caller then takes its units.
+fn team_512<T: Element, P: Element>(
+    jobs: &[TeamJob<'_, P>],
+    out: &mut [T],
+    n: usize,
+) -> Result<(), KernelError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dst = crate::kernels::cpu::team::SharedSlice::new(out);
+    let per_job = n.div_ceil(TEAM_COLS);
+    let next = AtomicUsize::new(0);
+    crate::kernels::cpu::team::run(|_| {
+        let (mut g, mut u, mut act) = (Vec::new(), Vec::new(), Vec::new());
+        loop {
+            let unit = next.fetch_add(1, Ordering::Relaxed);
+            let Some((rows, px, gate, up)) = jobs.get(unit / per_job) else {
+                return Ok(());
+            };
+            let start = unit % per_job * TEAM_COLS;
+            let cols = start..(start + TEAM_COLS).min(n);
+            let (m, w) = (rows.len(), cols.len());
+            let st = qdot512::OutStrides {
+                x_stride: w,
+                w_stride: 1,
+            };
+            g.resize(m * w, 0.0);
+            u.resize(m * w, 0.0);
+            act.resize(m * w, T::from_f32(0.0));
+            qdot512::dot_rows(px, 0..m, gate, cols.clone(), &mut g, st);
+            qdot512::dot_rows(px, 0..m, up, cols.clone(), &mut u, st);
+            activate(&g, &u, &mut act);
+            for (&row, a) in rows.iter().zip(act.chunks_exact(w)) {
+                // SAFETY: each unit's columns of its job's rows are written
+                // by the one member that claimed it.
+                unsafe { dst.part(row * n + cols.start, w) }.copy_from_slice(a);
+            }
+        }
+    })
+}
+
+/// One [`team_512`] job: output rows, their prepared x, gate and up.
+type TeamJob<'a, P> = (&'a [usize], &'a PreparedX, QView<'a, P>, QView<'a, P>);
+
+/// Output columns per claimed unit of [`team_512`] (~0.1–0.3 M
+/// multiply-adds per x row at the bench's shapes).
+const TEAM_COLS: usize = 64;
 
 /// `out = swiglu(g, u)` elementwise: sixteen lanes at a time for f32 out
 /// (`vector_math`), else per value with T's roundings.
@@ -930,6 +1025,58 @@ mod tests {
                 secs * 1e6,
                 packed as f64 / secs / 1e9,
                 (packed + params) as f64 / secs / 1e9
+            );
+        }
+    }
+
+    /// The expert-indexed gate of the kernels bench (E=60, top-4, 2048 →
+    /// 1408, group 64, 4-bit, bf16) with its four experts read from memory
+    /// (a 64 MB buffer is summed between calls) and from cache (back to
+    /// back): `cargo test --release --lib gather_from_memory -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn gather_from_memory() {
+        let mut rng = Rng::new(3);
+        let (e, n, k) = (60, 1408, 2048);
+        let gate = Owned::<bf16>::random(&mut rng, e, n, k, 4, 64);
+        let up = Owned::<bf16>::random(&mut rng, e, n, k, 4, 64);
+        let x: Vec<bf16> = rng.elems(k, 1.0);
+        let experts = [3u32, 17, 29, 51];
+        let mut out = vec![bf16::ZERO; 4 * n];
+        let run = |out: &mut [bf16]| {
+            gather_gate_qmv_silu_mul_with(
+                &x,
+                &[0; 4],
+                &experts,
+                gate.experts(e),
+                up.experts(e),
+                out,
+                n,
+                k,
+                XPrecision::Exact,
+            )
+            .unwrap()
+        };
+        let flush: Vec<f32> = (0..16 << 20).map(|i| i as f32).collect();
+        let bytes = 4 * 2 * (n * k / 2 + n * k / 64 * 4);
+        for _ in 0..3 {
+            let (mut cold, mut warm) = (0.0, 0.0);
+            for _ in 0..10 {
+                std::hint::black_box(flush.chunks_exact(16).fold(0.0f32, |a, c| a + c[3]));
+                let t = std::time::Instant::now();
+                run(&mut out);
+                cold += t.elapsed().as_secs_f64() / 10.0;
+                let t = std::time::Instant::now();
+                run(&mut out);
+                warm += t.elapsed().as_secs_f64() / 10.0;
+            }
+            println!(
+                "{} MB of experts: from memory {:.1} us ({:.1} GB/s), from cache {:.1} us ({:.1} GB/s)",
+                bytes / 1_000_000,
+                cold * 1e6,
+                bytes as f64 / cold / 1e9,
+                warm * 1e6,
+                bytes as f64 / warm / 1e9
             );
         }
     }
