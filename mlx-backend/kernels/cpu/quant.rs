@@ -296,15 +296,15 @@ impl PreparedX {
             group_sums.extend(self::group_sums(&natural, lay.group_size));
             if let Some(g16) = &mut g16 {
                 g16.push(&natural, lay);
-            } else if let Some(x16) = &mut x16 {
-                // Block order in scratch, then rounded to int16.
+            } else if x16.is_some() || xb.is_some() {
+                // Block order in scratch, then rounded to int16 or paired as bf16.
                 blocked.resize(k, 0.0);
                 to_block_order(&natural, &mut blocked, vpw, lanes);
-                x16.push(&blocked);
-            } else if let Some(xb) = &mut xb {
-                blocked.resize(k, 0.0);
-                to_block_order(&natural, &mut blocked, vpw, lanes);
-                xb.push(&blocked);
+                if let Some(x16) = &mut x16 {
+                    x16.push(&blocked);
+                } else if let Some(xb) = &mut xb {
+                    xb.push(&blocked);
+                }
             } else {
                 let start = perm.len();
                 perm.resize(start + k, 0.0);

@@ -171,39 +171,33 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
     let mut order: Vec<usize> = (0..rows).collect();
     order.sort_by_key(|&i| experts[i]);
     let groups: Vec<&[usize]> = order.chunk_by(|&a, &b| experts[a] == experts[b]).collect();
+    // Each expert's x rows, prepared once for whichever path runs.
+    let prepared: Vec<Prepared> = groups
+        .iter()
+        .map(|g| {
+            let x_sel = g.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
+            Prepared::new(x_sel, &lay, xp)
+        })
+        .collect();
+    let expert = |g: &[usize]| {
+        let e = experts[g[0]] as usize;
+        (gv.expert(e), uv.expert(e))
+    };
     if on_team(rows, n, k) {
-        let prepared: Vec<Prepared> = groups
+        let jobs: Option<Vec<TeamJob<P>>> = groups
             .iter()
-            .map(|g| {
-                Prepared::new(
-                    g.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]),
-                    &lay,
-                    xp,
-                )
+            .zip(&prepared)
+            .map(|(g, px)| {
+                let (ge, ue) = expert(g);
+                px.for_512().map(|p| (*g, p, ge, ue))
             })
             .collect();
-        if prepared.iter().all(|p| p.for_512().is_some()) {
-            let jobs: Vec<_> = groups
-                .iter()
-                .zip(&prepared)
-                .map(|(g, p)| {
-                    let e = experts[g[0]] as usize;
-                    (
-                        *g,
-                        p.for_512().expect("checked"),
-                        gv.expert(e),
-                        uv.expert(e),
-                    )
-                })
-                .collect();
+        if let Some(jobs) = jobs {
             return team_512(&jobs, out, n);
         }
     }
-    for group in groups {
-        let e = experts[group[0]] as usize;
-        let x_sel = group.iter().map(|&i| &x[x_row_for[i] as usize * k..][..k]);
-        let px = Prepared::new(x_sel, &lay, xp);
-        let (ge, ue) = (gv.expert(e), uv.expert(e));
+    for (group, px) in groups.iter().zip(&prepared) {
+        let (ge, ue) = expert(group);
         let mut tmp = vec![T::from_f32(0.0); n * group.len()];
         if let Some(p) = px.for_512() {
             // Row-major `[group, n]`.
@@ -212,7 +206,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
                 out[row * n..][..n].copy_from_slice(act);
             }
         } else {
-            project_rows(&px, &ge, &ue, &mut tmp)?;
+            project_rows(px, &ge, &ue, &mut tmp)?;
             scatter_rows(&tmp, out, group.len(), n, |r| group[r]);
         }
     }
