@@ -5,6 +5,8 @@
 pub(crate) mod amx;
 pub(crate) mod error;
 pub(crate) mod int8;
+pub(crate) mod qdot;
+pub(crate) mod qdot256;
 pub(crate) mod qdot512;
 pub(crate) mod quant;
 pub(crate) mod row_lanes;
@@ -20,7 +22,7 @@ pub(crate) use error::KernelError;
 pub(crate) enum XPrecision {
     /// f32 x, FMA.
     Exact,
-    /// int16 x per word of W where AVX-512 VNNI runs (exact elsewhere).
+    /// int16 x per word of W where AVX-512 VNNI or AVX2 runs (exact elsewhere).
     Int16,
     /// int8 x per block of 32 on the given tier.
     Int8(int8::Int8Tier),

@@ -131,10 +131,11 @@ pub(crate) const INT16_MAX: f32 = 32767.0;
 /// `scale = max|x over the word| / 32767`, so each value is off by at most
 /// `scale / 2` (~1.5e-5 of the word's largest |x|).
 ///
-/// Block order as [`PreparedX`]'s with 16 lanes, but in pairs: for the
-/// block of words `b0..b0 + lanes` and pair `p` (values `p` and
-/// `p + vals_per_word / 2` of each word, low and high int16 of an i32),
-/// lane j sits at `b0 · pairs + p · lanes + j`; the scales at `b0 + j`.
+/// Block order as [`PreparedX`]'s (16 lanes for this kernel, 8 for
+/// [`super::qdot256`]'s), but in pairs: for the block of words
+/// `b0..b0 + lanes` and pair `p` (values `p` and `p + vals_per_word / 2` of
+/// each word, low and high int16 of an i32), lane j sits at
+/// `b0 · pairs + p · lanes + j`; the scales at `b0 + j`.
 pub(crate) struct Int16Rows {
     pairs: Vec<i32>,
     scales: Vec<f32>,
@@ -142,44 +143,68 @@ pub(crate) struct Int16Rows {
     /// i32 pairs and scales per row.
     row_pairs: usize,
     row_words: usize,
+    /// Words per block: 16 ([`available`]) or 8 ([`super::qdot256`]).
+    lanes: usize,
 }
 
 impl Int16Rows {
-    /// No rows yet, for x against weights of layout `lay`.
-    pub(crate) fn new(lay: &super::quant::Layout) -> Self {
+    /// No rows yet, for x against weights of layout `lay`, in blocks of
+    /// `lanes` words (16 or 8).
+    pub(crate) fn new(lay: &super::quant::Layout, lanes: usize) -> Self {
+        assert!(
+            lanes == 16 || lanes == 8,
+            "int16 x in blocks of 16 or 8 words"
+        );
         Int16Rows {
             pairs: Vec::new(),
             scales: Vec::new(),
             vals_per_word: lay.vals_per_word,
             row_pairs: lay.words_per_row * lay.vals_per_word / 2,
             row_words: lay.words_per_row,
+            lanes,
         }
     }
 
-    /// Appends one row of x given in f32 block order with 16 lanes (as
-    /// [`PreparedX`] holds exact x).
+    /// Appends one row of x given in f32 block order with this value's
+    /// lanes (as [`PreparedX`] holds exact x).
     ///
     /// # Panics
-    /// Without AVX-512 VNNI, or when `x` is not one row long.
+    /// Without the kernel for these lanes (AVX-512 VNNI for 16, AVX2 for
+    /// 8), or when `x` is not one row long.
     pub(crate) fn push(&mut self, x: &[f32]) {
-        assert!(int16_available(), "int16 x needs AVX-512 VNNI");
         assert_eq!(x.len(), self.row_words * self.vals_per_word);
         let (p0, s0) = (self.pairs.len(), self.scales.len());
         self.pairs.resize(p0 + self.row_pairs, 0);
         self.scales.resize(s0 + self.row_words, 0.0);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512 was detected; the slices are the row's exact sizes.
-        unsafe {
-            x86::quantize_row(
-                x,
-                self.vals_per_word,
-                &mut self.pairs[p0..],
-                &mut self.scales[s0..],
-            )
-        };
+        let (pairs, scales) = (&mut self.pairs[p0..], &mut self.scales[s0..]);
+        if self.lanes == 16 {
+            assert!(int16_available(), "int16 x needs AVX-512 VNNI");
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX-512 was detected; the slices are the row's exact sizes.
+            unsafe {
+                x86::quantize_row(x, self.vals_per_word, pairs, scales)
+            };
+        } else {
+            assert!(
+                super::qdot256::int16_available(),
+                "int16 x in 8 lanes needs the AVX2 int16 kernel"
+            );
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 was detected; the slices are the row's exact sizes.
+            unsafe {
+                super::qdot256::x86::quantize_row(x, self.vals_per_word, pairs, scales)
+            };
+        }
     }
 
-    fn row(&self, i: usize) -> (&[i32], &[f32]) {
+    /// Checks that these are `rows` rows prepared for `lay` in blocks of `lanes`.
+    pub(crate) fn check(&self, rows: usize, lay: &super::quant::Layout, lanes: usize) {
+        assert_eq!(self.lanes, lanes, "int16 x prepared for another kernel");
+        assert_eq!(self.row_words, lay.words_per_row);
+        assert_eq!(self.pairs.len(), rows * self.row_pairs);
+    }
+
+    pub(crate) fn row(&self, i: usize) -> (&[i32], &[f32]) {
         (
             &self.pairs[i * self.row_pairs..][..self.row_pairs],
             &self.scales[i * self.row_words..][..self.row_words],
@@ -318,8 +343,7 @@ pub(crate) fn dot_rows<P: Element>(
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {
             assert!(int16_available(), "int16 x needs AVX-512 VNNI");
-            assert_eq!(x16.row_words, lay.words_per_row);
-            assert_eq!(x16.pairs.len(), px.rows * x16.row_pairs);
+            x16.check(px.rows, lay, 16);
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -1332,7 +1356,7 @@ pub(crate) mod tests {
             };
             let secs = timed(false, &mut out);
             let secs16 = timed(int16_available(), &mut out);
-            let px8 = PreparedX::with_lanes(x.chunks_exact(k).take(1), &lay, 8);
+            let px8 = PreparedX::with_lanes(x.chunks_exact(k).take(1), &lay, 8, false);
             let t = std::time::Instant::now();
             let mut sink = 0.0;
             for _ in 0..reps * m {

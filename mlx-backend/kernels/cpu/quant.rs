@@ -172,14 +172,15 @@ impl<'a, T: Element> QView<'a, T> {
 
 /// x rows converted to f32 in block order, plus per-group sums of x
 /// (the bias contribution is `bias * sum(x over the group)`); or, for
-/// `ActivationPrecision::Int16` on the AVX-512 kernel, x as int16 pairs.
+/// `ActivationPrecision::Int16` on the AVX-512 VNNI or AVX2 kernel, x as
+/// int16 pairs.
 pub(crate) struct PreparedX {
     /// f32 x in block order (empty when `int16` holds x).
     pub(crate) perm: Vec<f32>,
     pub(crate) group_sums: Vec<f32>,
     pub(crate) rows: usize,
-    /// Words per block: 16 for [`super::qdot512`], 8 for the AVX2 and
-    /// scalar bodies here.
+    /// Words per block: 16 for [`super::qdot512`], 8 for [`super::qdot256`]
+    /// and the portable bodies here.
     pub(crate) lanes: usize,
     /// x quantized to int16 per word of W (see [`super::qdot512::Int16Rows`]).
     pub(crate) int16: Option<super::qdot512::Int16Rows>,
@@ -198,7 +199,8 @@ pub(crate) struct PreparedX {
 
 impl PreparedX {
     /// Block order for the widest kernel this CPU runs; `int16` asks for
-    /// int16 x where that kernel has it (AVX-512 VNNI), exact f32 otherwise.
+    /// int16 x where that kernel has it (AVX-512 VNNI, AVX2), exact f32
+    /// otherwise.
     pub(crate) fn new<'x, T: Element>(
         rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
@@ -251,21 +253,23 @@ impl PreparedX {
                     amx: Some(tiles),
                 };
             }
-            let int16 = super::qdot512::int16_available();
+            let int16 = int16_kernel(lanes);
             return Self::build(natural.chunks_exact(lay.k), lay, lanes, int16, row_lanes);
         }
-        let int16 = int16 && super::qdot512::int16_available();
+        let int16 = int16 && int16_kernel(lanes);
         Self::build(rows, lay, lanes, int16, row_lanes)
     }
 
-    /// Exact f32 x in blocks of `lanes` words.
+    /// x in blocks of `lanes` words, f32 or (`int16`, where that lane
+    /// count's kernel has it) int16 per word.
     #[cfg(test)]
     pub(crate) fn with_lanes<'x, T: Element>(
         rows: impl ExactSizeIterator<Item = &'x [T]>,
         lay: &Layout,
         lanes: usize,
+        int16: bool,
     ) -> Self {
-        Self::build(rows, lay, lanes, false, false)
+        Self::build(rows, lay, lanes, int16 && int16_kernel(lanes), false)
     }
 
     fn build<'x, T: Element>(
@@ -279,10 +283,9 @@ impl PreparedX {
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        let row_lanes =
-            row_lanes && int16 && lanes == 16 && rows.len() >= super::row_lanes::MIN_ROWS;
+        let row_lanes = row_lanes && int16 && rows.len() >= super::row_lanes::MIN_ROWS;
         let mut g16 = row_lanes.then(|| super::row_lanes::GroupInt16Rows::new(lay));
-        let mut x16 = (int16 && !row_lanes).then(|| super::qdot512::Int16Rows::new(lay));
+        let mut x16 = (int16 && !row_lanes).then(|| super::qdot512::Int16Rows::new(lay, lanes));
         // bf16 x is exact as bf16 pairs: the widened f32 only adds zeros.
         let bf16 = !int16
             && lanes == 16
@@ -322,6 +325,15 @@ impl PreparedX {
             bf16: xb,
             amx: None,
         }
+    }
+}
+
+/// Whether the blocked kernel for x in blocks of `lanes` words takes int16 x.
+fn int16_kernel(lanes: usize) -> bool {
+    if lanes == 16 {
+        super::qdot512::int16_available()
+    } else {
+        super::qdot256::int16_available()
     }
 }
 

@@ -20,6 +20,9 @@
 //! share a group with a large one, and W's words and params are
 //! transposed per 16-row tile in registers (4 shuffle rounds per 16
 //! words) into an L1 scratch that every x row then reads.
+//!
+//! On CPUs with AVX2 but no AVX-512 the same scheme runs on 256-bit
+//! vectors ([`avx2`]: 8 weight rows per vector, `vpmaddwd` + `vpaddd`).
 
 use std::ops::Range;
 
@@ -32,13 +35,40 @@ use super::simd::Element;
 /// outweigh what it saves).
 pub(crate) const MIN_ROWS: usize = 4;
 
-/// Whether int16 x of [`MIN_ROWS`]+ rows takes this kernel: AVX-512 VNNI
-/// runs and `MLX_BACKEND_ROW_LANES` is not `0`/`off`/`false` (read once).
+/// Whether int16 x of [`MIN_ROWS`]+ rows takes this kernel: one of its
+/// bodies runs ([`Body::best`]) and `MLX_BACKEND_ROW_LANES` is not
+/// `0`/`off`/`false` (read once).
 pub(crate) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !super::switched_off("MLX_BACKEND_ROW_LANES") && super::qdot512::int16_available()
-    })
+    *ON.get_or_init(|| !super::switched_off("MLX_BACKEND_ROW_LANES") && Body::best().is_some())
+}
+
+/// The kernel's bodies: 16 weight rows per vector with `vpdpwssd`, or 8
+/// with `vpmaddwd`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Body {
+    Avx512Vnni,
+    Avx2,
+}
+
+impl Body {
+    /// The widest body this CPU runs, if any (the AVX2 one also needs the
+    /// AVX2 int16 kernel's switch on, [`super::qdot256::int16_available`]).
+    pub(crate) fn best() -> Option<Body> {
+        Body::available().last().copied()
+    }
+
+    /// Every body this CPU runs, narrowest first (tests run each).
+    pub(crate) fn available() -> Vec<Body> {
+        let mut bodies = Vec::new();
+        if super::qdot256::int16_available() {
+            bodies.push(Body::Avx2);
+        }
+        if super::qdot512::int16_available() {
+            bodies.push(Body::Avx512Vnni);
+        }
+        bodies
+    }
 }
 
 /// x rows rounded to int16 with one scale per group of W's quantisation:
@@ -68,23 +98,34 @@ impl GroupInt16Rows {
         }
     }
 
-    /// Appends one row of x in natural order (`lay.k` values).
+    /// Appends one row of x in natural order (`lay.k` values), rounded
+    /// by the best body's code (both round alike).
     ///
     /// # Panics
-    /// Without AVX-512 VNNI, or when `x` is not one row long.
+    /// Without a body ([`Body::best`]), or when `x` is not one row long.
     pub(crate) fn push(&mut self, x: &[f32], lay: &Layout) {
+        let body = Body::best().expect("int16 x of one scale per group needs AVX2 or AVX-512 VNNI");
+        self.push_with(body, x, lay);
+    }
+
+    /// [`Self::push`] through `body`'s code.
+    pub(crate) fn push_with(&mut self, body: Body, x: &[f32], lay: &Layout) {
         assert!(
-            super::qdot512::int16_available(),
-            "int16 x needs AVX-512 VNNI"
+            Body::available().contains(&body),
+            "{body:?} does not run here"
         );
         assert_eq!(x.len(), lay.k);
         let (p0, s0) = (self.pairs.len(), self.scales.len());
         self.pairs.resize(p0 + self.row_pairs, 0);
         self.scales.resize(s0 + self.groups, 0.0);
+        let (pairs, scales) = (&mut self.pairs[p0..], &mut self.scales[s0..]);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX-512 was detected; the slices are the row's exact sizes.
+        // SAFETY: the body's features were detected; the slices are the row's exact sizes.
         unsafe {
-            x86::quantize_row(x, lay, &mut self.pairs[p0..], &mut self.scales[s0..])
+            match body {
+                Body::Avx512Vnni => x86::quantize_row(x, lay, pairs, scales),
+                Body::Avx2 => avx2::quantize_row(x, lay, pairs, scales),
+            }
         };
     }
 
@@ -105,9 +146,25 @@ impl GroupInt16Rows {
 /// at `strides` (as [`super::qdot512::dot_rows`]).
 ///
 /// # Panics
-/// Without AVX-512 VNNI, when `x` was prepared for another `k`, `rows`
-/// leaves the matrix or `out` is too short.
+/// Without a body ([`Body::best`]), when `x` was prepared for another `k`,
+/// `rows` leaves the matrix or `out` is too short.
 pub(crate) fn dot_rows<P: Element>(
+    x: &GroupInt16Rows,
+    group_sums: &[f32],
+    xrows: Range<usize>,
+    w: &QView<P>,
+    rows: Range<usize>,
+    out: &mut [f32],
+    strides: OutStrides,
+) {
+    let body = Body::best().expect("int16 x of one scale per group needs AVX2 or AVX-512 VNNI");
+    dot_rows_with(body, x, group_sums, xrows, w, rows, out, strides)
+}
+
+/// [`dot_rows`] through `body`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dot_rows_with<P: Element>(
+    body: Body,
     x: &GroupInt16Rows,
     group_sums: &[f32],
     xrows: Range<usize>,
@@ -118,8 +175,8 @@ pub(crate) fn dot_rows<P: Element>(
 ) {
     let lay = &w.lay;
     assert!(
-        super::qdot512::int16_available(),
-        "int16 x needs AVX-512 VNNI"
+        Body::available().contains(&body),
+        "{body:?} does not run here"
     );
     assert_eq!(x.row_pairs, lay.k / 2);
     assert_eq!(x.groups, lay.groups_per_row);
@@ -134,9 +191,15 @@ pub(crate) fn dot_rows<P: Element>(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the features were detected; the asserts above bound every access.
     unsafe {
-        match lay.bits {
-            4 => x86::drive::<P, 4>(x, group_sums, xrows, w, rows, out, strides),
-            _ => x86::drive::<P, 8>(x, group_sums, xrows, w, rows, out, strides),
+        match (body, lay.bits) {
+            (Body::Avx512Vnni, 4) => {
+                x86::drive::<P, 4>(x, group_sums, xrows, w, rows, out, strides)
+            }
+            (Body::Avx512Vnni, _) => {
+                x86::drive::<P, 8>(x, group_sums, xrows, w, rows, out, strides)
+            }
+            (Body::Avx2, 4) => avx2::drive::<P, 4>(x, group_sums, xrows, w, rows, out, strides),
+            (Body::Avx2, _) => avx2::drive::<P, 8>(x, group_sums, xrows, w, rows, out, strides),
         }
     }
 }
@@ -172,6 +235,9 @@ pub(crate) fn prefetch_in_background(regions: Vec<(*const u8, usize)>) {
 pub(crate) fn stop_background_prefetch() {
     prefetch_in_background(Vec::new());
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -297,7 +363,7 @@ mod x86 {
     }
 
     /// `len` elements from `start` as a byte region.
-    fn region<T>(start: *const T, len: usize) -> (*const i8, usize) {
+    pub(super) fn region<T>(start: *const T, len: usize) -> (*const i8, usize) {
         (start.cast(), len * std::mem::size_of::<T>())
     }
 
@@ -317,13 +383,13 @@ mod x86 {
             }
         }
 
-        fn lines(&self) -> usize {
+        pub(super) fn lines(&self) -> usize {
             self.regions.as_ref().iter().map(|r| r.1.div_ceil(64)).sum()
         }
 
         /// Hints for the next `n` lines.
         #[inline]
-        fn issue(&mut self, mut n: usize) {
+        pub(super) fn issue(&mut self, mut n: usize) {
             let regions = self.regions.as_ref();
             while n > 0 && self.at.0 < regions.len() {
                 let (start, bytes) = regions[self.at.0];
@@ -544,12 +610,13 @@ mod tests {
     use crate::kernels::cpu::qdot512::tests::{random, weight};
     use crate::kernels::cpu::simd::test_util::Rng;
 
-    /// `x [m, k]` rounded for the kernel, and its exact group sums.
-    fn prepare(x: &[f32], lay: &Layout) -> (GroupInt16Rows, Vec<f32>) {
+    /// `x [m, k]` rounded for the kernel by `body`'s code, and its exact
+    /// group sums.
+    fn prepare(body: Body, x: &[f32], lay: &Layout) -> (GroupInt16Rows, Vec<f32>) {
         let mut x16 = GroupInt16Rows::new(lay);
         let mut sums = Vec::new();
         for row in x.chunks_exact(lay.k) {
-            x16.push(row, lay);
+            x16.push_with(body, row, lay);
             sums.extend(
                 row.chunks_exact(lay.group_size)
                     .map(|g| g.iter().sum::<f32>()),
@@ -558,13 +625,27 @@ mod tests {
         (x16, sums)
     }
 
-    /// The kernel against an f64 reference of the same rounded x (so the
-    /// only differences are f32 accumulation), over tile remainders, x-row
-    /// passes of every width, both strides and every params dtype.
+    /// Each body against an f64 reference of the same rounded x (so the
+    /// only differences are f32 accumulation), over tile remainders (16
+    /// and 8 rows), x-row passes of every width, both strides and every
+    /// params dtype; where both bodies run, they round x alike.
     #[test]
     fn matches_f64_reference_of_rounded_x() {
-        if !crate::kernels::cpu::qdot512::int16_available() {
-            return;
+        let bodies = Body::available();
+        if let [a, b] = bodies[..] {
+            let mut rng = Rng::new(0xab);
+            for (k, bits, group) in [(576, 4, 32), (256, 8, 64), (384, 4, 128)] {
+                let lay = Layout::new(bits, group, 1, k).unwrap();
+                let x: Vec<f32> = rng.elems(3 * k, 1.0);
+                let (xa, _) = prepare(a, &x, &lay);
+                let (xb, _) = prepare(b, &x, &lay);
+                assert_eq!(xa.pairs, xb.pairs);
+                assert!(xa
+                    .scales
+                    .iter()
+                    .zip(&xb.scales)
+                    .all(|(p, q)| p.to_bits() == q.to_bits()));
+            }
         }
         let mut rng = Rng::new(0x1616);
         for (m, n, k, bits, group) in [
@@ -574,18 +655,27 @@ mod tests {
             (8, 33, 1536, 4, 128),
             (5, 20, 512, 8, 128),
             (17, 18, 128, 4, 64),
+            (3, 7, 96, 4, 32),
         ] {
-            case::<f32>(&mut rng, (m, n, k), bits, group);
-            case::<half::f16>(&mut rng, (m, n, k), bits, group);
-            case::<half::bf16>(&mut rng, (m, n, k), bits, group);
+            for &body in &bodies {
+                case::<f32>(body, &mut rng, (m, n, k), bits, group);
+                case::<half::f16>(body, &mut rng, (m, n, k), bits, group);
+                case::<half::bf16>(body, &mut rng, (m, n, k), bits, group);
+            }
         }
     }
 
-    fn case<P: Element>(rng: &mut Rng, (m, n, k): (usize, usize, usize), bits: u32, group: usize) {
+    fn case<P: Element>(
+        body: Body,
+        rng: &mut Rng,
+        (m, n, k): (usize, usize, usize),
+        bits: u32,
+        group: usize,
+    ) {
         let lay = Layout::new(bits, group, n, k).unwrap();
         let (w, s, b, x) = random::<P>(rng, (m, n, k), &lay);
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-        let (x16, sums) = prepare(&x, &lay);
+        let (x16, sums) = prepare(body, &x, &lay);
         // The rounded x, back in f32, and its distance from x.
         let rounded: Vec<f64> = (0..m * k)
             .map(|e| {
@@ -618,7 +708,7 @@ mod tests {
                 w_stride: strides.1,
             };
             let mut out = vec![f32::NAN; m * n + (m + 3) * n];
-            dot_rows(&x16, &sums, xr.clone(), &wv, wr.clone(), &mut out, st);
+            dot_rows_with(body, &x16, &sums, xr.clone(), &wv, wr.clone(), &mut out, st);
             for (i, xi) in xr.clone().enumerate() {
                 for (j, r) in wr.clone().enumerate() {
                     let (mut want, mut mag) = (0.0f64, 0.0f64);
@@ -634,7 +724,8 @@ mod tests {
                     let got = out[i * st.x_stride + j * st.w_stride] as f64;
                     assert!(
                         (got - want).abs() <= 2e-6 * mag + 1e-6,
-                        "m={m} n={n} k={k} bits={bits} group={group} x {xi} w {r}: {got} vs {want}"
+                        "{body:?} m={m} n={n} k={k} bits={bits} group={group} x {xi} w {r}: \
+                         {got} vs {want}"
                     );
                 }
             }
@@ -644,24 +735,26 @@ mod tests {
     /// NaN in a group of x makes that row's outputs NaN, and only those.
     #[test]
     fn nan_propagates_per_row() {
-        if !crate::kernels::cpu::qdot512::int16_available() {
-            return;
-        }
-        let mut rng = Rng::new(7);
-        let (m, n, k) = (5, 20, 576);
-        let lay = Layout::new(4, 32, n, k).unwrap();
-        let (w, s, b, mut x) = random::<f32>(&mut rng, (m, n, k), &lay);
-        x[2 * k + 100] = f32::NAN;
-        let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-        let (x16, sums) = prepare(&x, &lay);
-        let mut out = vec![0.0f32; m * n];
-        let st = OutStrides {
-            x_stride: n,
-            w_stride: 1,
-        };
-        dot_rows(&x16, &sums, 0..m, &wv, 0..n, &mut out, st);
-        for (i, row) in out.chunks_exact(n).enumerate() {
-            assert!(row.iter().all(|v| v.is_nan() == (i == 2)), "row {i}");
+        for body in Body::available() {
+            let mut rng = Rng::new(7);
+            let (m, n, k) = (5, 20, 576);
+            let lay = Layout::new(4, 32, n, k).unwrap();
+            let (w, s, b, mut x) = random::<f32>(&mut rng, (m, n, k), &lay);
+            x[2 * k + 100] = f32::NAN;
+            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
+            let (x16, sums) = prepare(body, &x, &lay);
+            let mut out = vec![0.0f32; m * n];
+            let st = OutStrides {
+                x_stride: n,
+                w_stride: 1,
+            };
+            dot_rows_with(body, &x16, &sums, 0..m, &wv, 0..n, &mut out, st);
+            for (i, row) in out.chunks_exact(n).enumerate() {
+                assert!(
+                    row.iter().all(|v| v.is_nan() == (i == 2)),
+                    "{body:?} row {i}"
+                );
+            }
         }
     }
 
@@ -694,14 +787,7 @@ mod tests {
                     for _ in 0..3 {
                         let t = std::time::Instant::now();
                         for _ in 0..reps {
-                            crate::kernels::cpu::qdot512::dot_rows(
-                                &px,
-                                0..m,
-                                &wv,
-                                0..n,
-                                &mut out,
-                                st,
-                            );
+                            crate::kernels::cpu::qdot::dot_rows(&px, 0..m, &wv, 0..n, &mut out, st);
                         }
                         best = best.min(t.elapsed().as_secs_f64() / reps as f64);
                     }

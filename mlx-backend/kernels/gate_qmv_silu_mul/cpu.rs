@@ -14,7 +14,7 @@ use crate::kernels::cpu::{
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::qdot512::{self, RowMajorChunks};
+use crate::kernels::cpu::qdot::{self, RowMajorChunks};
 pub use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
@@ -73,12 +73,12 @@ pub(crate) fn gate_qmv_silu_mul_with<T: Element, P: Element>(
         return Ok(());
     }
     let px = Prepared::new(x.chunks_exact(k), &lay, xp);
-    if let Some(p) = px.for_512() {
+    if let Some(p) = px.for_blocked() {
         if on_team(m, n, k) {
             let rows: Vec<usize> = (0..m).collect();
-            return team_512(&[(rows.as_slice(), p, gv, uv)], out, n);
+            return team_blocked(&[(rows.as_slice(), p, gv, uv)], out, n);
         }
-        dense_512(p, &gv, &uv, out);
+        dense_blocked(p, &gv, &uv, out);
         return Ok(());
     }
     if m == 1 {
@@ -189,19 +189,19 @@ pub(crate) fn gather_gate_qmv_silu_mul_with<T: Element, P: Element>(
             .zip(&prepared)
             .map(|(g, px)| {
                 let (ge, ue) = expert(g);
-                px.for_512().map(|p| (*g, p, ge, ue))
+                px.for_blocked().map(|p| (*g, p, ge, ue))
             })
             .collect();
         if let Some(jobs) = jobs {
-            return team_512(&jobs, out, n);
+            return team_blocked(&jobs, out, n);
         }
     }
     for (group, px) in groups.iter().zip(&prepared) {
         let (ge, ue) = expert(group);
         let mut tmp = vec![T::from_f32(0.0); n * group.len()];
-        if let Some(p) = px.for_512() {
+        if let Some(p) = px.for_blocked() {
             // Row-major `[group, n]`.
-            dense_512(p, &ge, &ue, &mut tmp);
+            dense_blocked(p, &ge, &ue, &mut tmp);
             for (&row, act) in group.iter().zip(tmp.chunks_exact(n)) {
                 out[row * n..][..n].copy_from_slice(act);
             }
@@ -250,10 +250,11 @@ impl Prepared {
         }
     }
 
-    /// x for the AVX-512 kernel ([`dense_512`]), if that is how it was prepared.
-    fn for_512(&self) -> Option<&PreparedX> {
+    /// x for the blocked kernel ([`dense_blocked`]), if this CPU runs one
+    /// and x is not int8.
+    fn for_blocked(&self) -> Option<&PreparedX> {
         match self {
-            Prepared::Exact(p) if p.lanes == 16 => Some(p),
+            Prepared::Exact(p) if qdot::available() => Some(p),
             _ => None,
         }
     }
@@ -314,7 +315,7 @@ fn project_rows_int8<T: Element, P: Element>(
 }
 
 /// [`project_rows`] with exact activations (x in 8-lane block order: the
-/// AVX2 and scalar bodies; AVX-512 takes [`dense_512`]).
+/// portable bodies; AVX-512 and AVX2 take [`dense_blocked`]).
 fn project_rows_exact<T: Element, P: Element>(
     px: &PreparedX,
     gate: &QView<P>,
@@ -358,10 +359,10 @@ fn project_rows_exact<T: Element, P: Element>(
     }
 }
 
-/// The AVX-512 kernel for every x row of `px` (the dense form, and each
+/// The blocked kernel for every x row of `px` (the dense form, and each
 /// expert's rows of the indexed one), `out` `[m, n]` row-major in place
 /// (chunks as [`RowMajorChunks`] cuts them).
-fn dense_512<T: Element, P: Element>(
+fn dense_blocked<T: Element, P: Element>(
     px: &PreparedX,
     gate: &QView<P>,
     up: &QView<P>,
@@ -374,8 +375,8 @@ fn dense_512<T: Element, P: Element>(
         bufs.0.resize(chunk.len(), 0.0);
         bufs.1.resize(chunk.len(), 0.0);
         let (xrows, cols, strides) = chunks.part(c, chunk.len());
-        qdot512::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
-        qdot512::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
+        qdot::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
+        qdot::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
         activate(&bufs.0, &bufs.1, chunk);
     };
     for_chunks(out, chunks.len, parallel, Default::default, body);
@@ -387,7 +388,7 @@ fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
     m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !crate::kernels::cpu::team::in_team()
 }
 
-/// Whether a call this size runs on the CPU team ([`team_512`]): decode
+/// Whether a call this size runs on the CPU team ([`team_blocked`]): decode
 /// sizes (few rows) worth splitting, outside a team member.
 fn on_team(rows: usize, n: usize, k: usize) -> bool {
     rows <= TEAM_MAX_ROWS && worth_splitting(rows, n, k)
@@ -403,7 +404,7 @@ const TEAM_MAX_ROWS: usize = 32;
 /// N = 1408), each as short as its scheduling. Claiming (not fixed
 /// shares) because a helper that has parked (after a pause of more than a
 /// few ms) can take long to wake on a VM: the caller then takes its units.
-fn team_512<T: Element, P: Element>(
+fn team_blocked<T: Element, P: Element>(
     jobs: &[TeamJob<'_, P>],
     out: &mut [T],
     n: usize,
@@ -422,15 +423,15 @@ fn team_512<T: Element, P: Element>(
             let start = unit % per_job * TEAM_COLS;
             let cols = start..(start + TEAM_COLS).min(n);
             let (m, w) = (rows.len(), cols.len());
-            let st = qdot512::OutStrides {
+            let st = qdot::OutStrides {
                 x_stride: w,
                 w_stride: 1,
             };
             g.resize(m * w, 0.0);
             u.resize(m * w, 0.0);
             act.resize(m * w, T::from_f32(0.0));
-            qdot512::dot_rows(px, 0..m, gate, cols.clone(), &mut g, st);
-            qdot512::dot_rows(px, 0..m, up, cols.clone(), &mut u, st);
+            qdot::dot_rows(px, 0..m, gate, cols.clone(), &mut g, st);
+            qdot::dot_rows(px, 0..m, up, cols.clone(), &mut u, st);
             activate(&g, &u, &mut act);
             for (&row, a) in rows.iter().zip(act.chunks_exact(w)) {
                 // SAFETY: each unit's columns of its job's rows are written
@@ -441,10 +442,10 @@ fn team_512<T: Element, P: Element>(
     })
 }
 
-/// One [`team_512`] job: output rows, their prepared x, gate and up.
+/// One [`team_blocked`] job: output rows, their prepared x, gate and up.
 type TeamJob<'a, P> = (&'a [usize], &'a PreparedX, QView<'a, P>, QView<'a, P>);
 
-/// Output columns per claimed unit of [`team_512`] (~0.1–0.3 M
+/// Output columns per claimed unit of [`team_blocked`] (~0.1–0.3 M
 /// multiply-adds per x row at the bench's shapes).
 const TEAM_COLS: usize = 64;
 
@@ -815,7 +816,7 @@ mod tests {
             let g = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
             let u = Owned::<f32>::random(&mut rng, 1, 1, k, bits, group);
             let x: Vec<f32> = rng.elems(k, 1.0);
-            let px = PreparedX::with_lanes(std::iter::once(&x[..]), &lay, 8);
+            let px = PreparedX::with_lanes(std::iter::once(&x[..]), &lay, 8, false);
             let gv = QView::new("g", &g.w, &g.scales, &g.biases, lay, 1).unwrap();
             let uv = QView::new("u", &u.w, &u.scales, &u.biases, lay, 1).unwrap();
             let (gr, ur) = (gv.row(0), uv.row(0));

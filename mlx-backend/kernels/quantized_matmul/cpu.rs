@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::qdot512::{self, RowMajorChunks};
+use crate::kernels::cpu::qdot::{self, RowMajorChunks};
 use crate::kernels::cpu::quant::{
     bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
     PreparedX, Q8Activations, QView,
@@ -90,14 +90,14 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
         return int8_matmul(x, &wv, out, m, parallel, tier);
     }
     let px = PreparedX::new(x.chunks_exact(k), &lay, xp.int16());
-    if px.lanes == 16 {
-        // AVX-512: one register-blocked kernel for any number of x rows,
-        // `out` written row-major in place.
+    if qdot::available() {
+        // AVX-512 or AVX2: one register-blocked kernel for any number of x
+        // rows, `out` written row-major in place.
         let chunks = RowMajorChunks::new(&px, n, parallel);
         let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
             buf.resize(chunk.len(), 0.0);
             let (xrows, cols, strides) = chunks.part(c, chunk.len());
-            qdot512::dot_rows(&px, xrows, &wv, cols, buf, strides);
+            qdot::dot_rows(&px, xrows, &wv, cols, buf, strides);
             to_elements(buf, chunk);
         };
         for_chunks(out, chunks.len, parallel, Vec::new, body);
@@ -188,7 +188,7 @@ fn try_for_tiles<T: Send, B>(
 }
 
 /// `out_i = x · W_iᵀ` (`[m, n_i]` each) for matrices sharing K, in one
-/// thread. Where the AVX-512 kernel runs, all share their (bits,
+/// thread. Where a blocked kernel runs, all share their (bits,
 /// group_size) and x is not int8, x is prepared once for all of them (the
 /// q, k and v projections of a decoder block); else each is its own call.
 pub(crate) fn quantized_matmul_shared_x<P: Element>(
@@ -202,7 +202,7 @@ pub(crate) fn quantized_matmul_shared_x<P: Element>(
         return Ok(());
     };
     let (bits, group) = (first.bits, first.group_size);
-    let shared = qdot512::available()
+    let shared = qdot::available()
         && xp.int8().is_none()
         && parts
             .iter()
@@ -221,11 +221,11 @@ pub(crate) fn quantized_matmul_shared_x<P: Element>(
         let wv = QView::new("w", w.w, w.scales, w.biases, lay, 1)?;
         check_len("out", out.len(), m.checked_mul(*n))?;
         if m > 0 && *n > 0 {
-            let strides = qdot512::OutStrides {
+            let strides = qdot::OutStrides {
                 x_stride: *n,
                 w_stride: 1,
             };
-            qdot512::dot_rows(&px, 0..m, &wv, 0..*n, out, strides);
+            qdot::dot_rows(&px, 0..m, &wv, 0..*n, out, strides);
         }
     }
     Ok(())
