@@ -152,9 +152,13 @@ pub(crate) mod x86 {
             let mut p = [[zero; NR]; MR];
             for v in 0..vpw {
                 let shift = _mm256_set1_epi32((BITS as usize * v) as i32);
-                let q: [__m256; NR] = std::array::from_fn(|n| {
-                    _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(wv[n], shift), field))
-                });
+                let mut q = [zero; NR];
+                for n in 0..NR {
+                    q[n] = _mm256_cvtepi32_ps(_mm256_and_si256(
+                        _mm256_srlv_epi32(wv[n], shift),
+                        field,
+                    ));
+                }
                 for i in 0..MR {
                     // SAFETY: the caller's block lies inside the row; short
                     // blocks read through the mask.
@@ -203,9 +207,10 @@ pub(crate) mod x86 {
             let mut s = [[_mm256_setzero_si256(); NR]; MR];
             for p in 0..half {
                 let shift = _mm256_set1_epi32((BITS as usize * p) as i32);
-                let q: [__m256i; NR] = std::array::from_fn(|n| {
-                    _mm256_and_si256(_mm256_srlv_epi32(wv[n], shift), field)
-                });
+                let mut q = [_mm256_setzero_si256(); NR];
+                for n in 0..NR {
+                    q[n] = _mm256_and_si256(_mm256_srlv_epi32(wv[n], shift), field);
+                }
                 for i in 0..MR {
                     // SAFETY: as in the exact body.
                     let xv = unsafe {
@@ -368,7 +373,13 @@ pub(crate) mod x86 {
         st: OutStrides,
     ) -> usize {
         // SAFETY: the caller's rows hold whole rows of x; W's rows are bounded.
-        let d = unsafe { kernel::<P, X, BITS, MR, NR>(w, r, x, gs) };
+        let d = unsafe {
+            if w.lay.words_per_group_log2 < 3 {
+                kernel::<P, X, BITS, MR, NR, true>(w, r, x, gs)
+            } else {
+                kernel::<P, X, BITS, MR, NR, false>(w, r, x, gs)
+            }
+        };
         for (i, row) in d.iter().enumerate() {
             for (n, v) in row.iter().enumerate() {
                 out[(i0 + i) * st.x_stride + (r + n - first) * st.w_stride] = *v;
@@ -377,8 +388,9 @@ pub(crate) mod x86 {
         NR
     }
 
-    /// The dot products of MR x rows with weight rows `r..r + NR`. No
-    /// closures in the loops: they would not inherit the target features.
+    /// The dot products of MR x rows with weight rows `r..r + NR`. `SPLIT`:
+    /// a whole block spans two groups (groups of 4 words, 4-bit group 32),
+    /// lanes 0–3 and 4–7.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn kernel<
@@ -388,6 +400,7 @@ pub(crate) mod x86 {
         const BITS: u32,
         const MR: usize,
         const NR: usize,
+        const SPLIT: bool,
     >(
         w: &QView<P>,
         r: usize,
@@ -396,25 +409,42 @@ pub(crate) mod x86 {
     ) -> [[f32; NR]; MR] {
         let lay = &w.lay;
         let words = lay.words_per_row;
-        let rows: [_; NR] = std::array::from_fn(|n| w.row(r + n));
+        // Plain loops, no closures: `array::from_fn`'s were calls here.
+        let mut rows = [w.row(r); NR];
+        for (n, row) in rows.iter_mut().enumerate().skip(1) {
+            *row = w.row(r + n);
+        }
         let mut acc = [[_mm256_setzero_ps(); NR]; MR];
         let full = words / 8;
         let ones = _mm256_set1_epi32(-1);
+        let log2 = lay.words_per_group_log2;
+        let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
         for b in 0..full {
             let b0 = 8 * b;
-            let wv: [__m256i; NR] = std::array::from_fn(|n| {
+            let mut wv = [ones; NR];
+            for n in 0..NR {
                 let at = rows[n].w.as_ptr().wrapping_add(b0);
-                // Rows stream from memory: ask for the bytes PREFETCH ahead
-                // (a hint, never a fault, even past the end).
-                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(PREFETCH));
+                // Rows stream from memory: ask for the line PREFETCH ahead
+                // once per two blocks (a hint, never a fault, even past the end).
+                if b % 2 == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(PREFETCH));
+                }
                 // SAFETY: whole blocks lie inside every row.
-                unsafe { _mm256_loadu_si256(at.cast()) }
-            });
+                wv[n] = unsafe { _mm256_loadu_si256(at.cast()) };
+            }
             // SAFETY: as above.
             let p = unsafe { X::partial::<BITS, MR, NR, true>(&x, &wv, b0, 8, ones) };
             for n in 0..NR {
-                // SAFETY: the target features are this function's.
-                let sv = unsafe { lane_params(rows[n].scales, lay, b0, 8) };
+                // W's scales per lane; SAFETY: the block's groups lie inside the row.
+                let sv = unsafe {
+                    let scales = rows[n].scales.as_ptr();
+                    if SPLIT {
+                        let pair = P::widen2(scales.add(2 * b));
+                        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair), halves)
+                    } else {
+                        _mm256_set1_ps(P::widen1(*scales.add(b0 >> log2)))
+                    }
+                };
                 for i in 0..MR {
                     acc[i][n] = _mm256_fmadd_ps(p[i][n], sv, acc[i][n]);
                 }
@@ -428,9 +458,10 @@ pub(crate) mod x86 {
                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
             );
             // SAFETY: the mask keeps every load inside its row.
-            let wv: [__m256i; NR] = std::array::from_fn(|n| unsafe {
-                _mm256_maskload_epi32(rows[n].w.as_ptr().add(b0).cast(), mask)
-            });
+            let mut wv = [mask; NR];
+            for n in 0..NR {
+                wv[n] = unsafe { _mm256_maskload_epi32(rows[n].w.as_ptr().add(b0).cast(), mask) };
+            }
             let p = unsafe { X::partial::<BITS, MR, NR, false>(&x, &wv, b0, lanes, mask) };
             for n in 0..NR {
                 let sv = unsafe { lane_params(rows[n].scales, lay, b0, lanes) };

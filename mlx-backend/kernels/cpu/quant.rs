@@ -115,6 +115,7 @@ pub(crate) struct QView<'a, T> {
 }
 
 /// One output row's weights.
+#[derive(Clone, Copy)]
 pub(crate) struct QRow<'a, T> {
     pub(crate) w: &'a [u32],
     pub(crate) scales: &'a [T],
