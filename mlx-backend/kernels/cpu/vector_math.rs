@@ -402,7 +402,8 @@ mod tests {
 
     #[test]
     fn weighted_rows_matches_f64() {
-        let mut bodies: Vec<fn(&mut [f32], &[f32], &[f32])> = vec![weighted_rows];
+        type Body = fn(&mut [f32], &[f32], &[f32]);
+        let mut bodies: Vec<Body> = vec![weighted_rows];
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::cpu::simd::has_avx2_fma() {
             // SAFETY (when d is a multiple of 8, checked below): AVX2 and FMA were detected.
@@ -434,7 +435,8 @@ mod tests {
 
     #[test]
     fn swiglu_matches_scalar() {
-        let mut bodies: Vec<fn(&[f32], &[f32], &mut [f32])> = vec![swiglu_f32];
+        type Body = fn(&[f32], &[f32], &mut [f32]);
+        let mut bodies: Vec<Body> = vec![swiglu_f32];
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::cpu::simd::has_avx2_fma() {
             // SAFETY: AVX2 and FMA were detected; the slices have one length.
