@@ -322,9 +322,10 @@ fn int16_activations_stay_close_to_mlx_ops() {
     check(v, &[16, 30, 9], &[15, 6, 0], 23);
 }
 
-/// Six ragged rows in int16: the projections take `row_lanes` (4+ rows,
-/// one scale per group of x), which also prefetches each member's cache
-/// rows for the attention while it computes.
+/// Six ragged rows in int16: on AVX-512 VNNI the projections take
+/// `row_lanes` (4+ rows, one scale per group of x), which also prefetches
+/// each member's cache rows for the attention while it computes; on AVX2
+/// the per-word `vpmaddwd` kernel.
 #[test]
 fn int16_batch_of_six_rows_stays_close_to_mlx_ops() {
     let v = Variant {
@@ -332,6 +333,22 @@ fn int16_batch_of_six_rows_stays_close_to_mlx_ops() {
         ..Variant::default()
     };
     check(v, &[16, 30, 9, 64, 5, 41], &[15, 6, 0, 63, 2, 40], 29);
+}
+
+/// Nine ragged rows in int16: `row_lanes` on AVX2 too (8+ rows there),
+/// with a pass of 8 x rows and one of 1.
+#[test]
+fn int16_batch_of_nine_rows_stays_close_to_mlx_ops() {
+    let v = Variant {
+        activations: ActivationPrecision::Int16,
+        ..Variant::default()
+    };
+    check(
+        v,
+        &[16, 30, 9, 64, 5, 41, 12, 33, 7],
+        &[15, 6, 0, 63, 2, 40, 11, 1, 6],
+        31,
+    );
 }
 
 #[test]

@@ -1063,7 +1063,7 @@ pub(crate) mod tests {
         // Int16 x of 4+ rows off the tiles: one scale per group (row_lanes).
         let per_group = int16
             && !tiles
-            && m >= super::super::row_lanes::MIN_ROWS
+            && m >= super::super::row_lanes::min_rows()
             && super::super::row_lanes::enabled();
         assert_eq!(px.int16.is_some(), int16 && !tiles && !per_group);
         assert_eq!(px.group16.is_some(), per_group);

@@ -284,7 +284,7 @@ impl PreparedX {
         let vpw = lay.vals_per_word;
         let mut natural = vec![0.0f32; k];
         let (mut perm, mut group_sums, mut count) = (Vec::new(), Vec::new(), 0);
-        let row_lanes = row_lanes && int16 && rows.len() >= super::row_lanes::MIN_ROWS;
+        let row_lanes = row_lanes && int16 && rows.len() >= super::row_lanes::min_rows();
         let mut g16 = row_lanes.then(|| super::row_lanes::GroupInt16Rows::new(lay));
         let mut x16 = (int16 && !row_lanes).then(|| super::qdot512::Int16Rows::new(lay, lanes));
         // bf16 x is exact as bf16 pairs: the widened f32 only adds zeros.

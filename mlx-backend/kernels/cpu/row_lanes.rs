@@ -31,11 +31,18 @@ use super::quant::{Layout, QView};
 use super::simd::Element;
 
 /// x rows from which [`PreparedX`](super::quant::PreparedX) takes this
-/// kernel instead of the per-word one (at 2 rows the per-tile transposes
-/// outweigh what it saves).
-pub(crate) const MIN_ROWS: usize = 4;
+/// kernel instead of the per-word one, by the body that runs: 4 on
+/// AVX-512 VNNI (at 2 rows the per-tile transposes outweigh what it
+/// saves), 8 on AVX2, where at 4 rows it ran 0.82–0.91× the per-word
+/// kernel (`tests::speed`, three shapes, three runs) and at 8 about even.
+pub(crate) fn min_rows() -> usize {
+    match Body::best() {
+        Some(Body::Avx2) => 8,
+        _ => 4,
+    }
+}
 
-/// Whether int16 x of [`MIN_ROWS`]+ rows takes this kernel: one of its
+/// Whether int16 x of [`min_rows`]+ rows takes this kernel: one of its
 /// bodies runs ([`Body::best`]) and `MLX_BACKEND_ROW_LANES` is not
 /// `0`/`off`/`false` (read once).
 pub(crate) fn enabled() -> bool {
@@ -769,8 +776,13 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(3);
-        for (n, k) in [(1536, 576), (576, 1536), (576, 576)] {
-            let lay = Layout::new(4, 32, n, k).unwrap();
+        for (n, k, bits) in [
+            (1536, 576, 4),
+            (576, 1536, 4),
+            (576, 576, 4),
+            (49152, 576, 8),
+        ] {
+            let lay = Layout::new(bits, 32, n, k).unwrap();
             for m in [4, 8, 16, 64] {
                 let (w, s, b, x) = random::<half::f16>(&mut rng, (m, n, k), &lay);
                 let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
