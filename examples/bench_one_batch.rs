@@ -28,6 +28,8 @@ struct Args {
     decode_steps: usize,
     repeats: usize,
     threads: usize,
+    /// Alternating rounds of ours and llama.cpp (`--rounds`).
+    rounds: usize,
     peers: bool,
     /// The quantized kernels' activation precision (`--activations`;
     /// default: `LoadOptions::for_device`'s).
@@ -39,8 +41,8 @@ fn list(v: &str) -> Vec<usize> {
 }
 
 const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
-[--decode-batch B,B,..] [--decode-steps N] [--repeats N] [--threads N] [--no-peers] \
-[--activations exact|int16|int8]
+[--decode-batch B,B,..] [--decode-steps N] [--repeats N] [--threads N] [--rounds N] \
+[--no-peers] [--activations exact|int16|int8]
 
   --model         a GGUF file (default: the default model, fetched if missing)
   --prefill       prompt lengths to prefill (default 32,256,1024)
@@ -48,6 +50,10 @@ const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
   --decode-steps  decode steps per batch size (default 16)
   --repeats       timed runs of each workload after one warm-up; the median is reported (default 3)
   --threads       threads for our rayon pool and for the peers (default 2)
+  --rounds        run this backend and llama.cpp alternately this many times and report
+                  each workload's median over the rounds (default 1; mlx-lm runs once):
+                  on a VM whose speed drifts by minutes, one run each can fall in
+                  different phases
   --no-peers      skip mlx-lm and llama.cpp
   --activations   the quantized kernels' activation precision";
 
@@ -59,6 +65,7 @@ fn parse_args() -> Args {
         decode_steps: 16,
         repeats: 3,
         threads: 2,
+        rounds: 1,
         peers: true,
         activations: None,
     };
@@ -79,6 +86,7 @@ fn parse_args() -> Args {
             "--decode-steps" => a.decode_steps = number(&flag, value()),
             "--repeats" => a.repeats = number(&flag, value()),
             "--threads" => a.threads = number(&flag, value()),
+            "--rounds" => a.rounds = number(&flag, value()).max(1),
             "--no-peers" => a.peers = false,
             "--activations" => {
                 a.activations = Some(match value().as_str() {
@@ -130,6 +138,34 @@ struct Results {
     prefill: Vec<(usize, f64)>,
     decode: Vec<(usize, f64)>,
     peak_memory: f64,
+}
+
+impl Results {
+    /// Each workload's median tok/s over `rounds` (the first round's
+    /// workloads), and the largest peak memory.
+    fn median_of(rounds: &[Results]) -> Option<Results> {
+        let first = rounds.first()?;
+        let pick = |key: usize, rows: fn(&Results) -> &Vec<(usize, f64)>| {
+            let values = rounds
+                .iter()
+                .filter_map(|r| rows(r).iter().find(|x| x.0 == key).map(|x| x.1))
+                .collect();
+            (key, median(values))
+        };
+        Some(Results {
+            prefill: first
+                .prefill
+                .iter()
+                .map(|x| pick(x.0, |r| &r.prefill))
+                .collect(),
+            decode: first
+                .decode
+                .iter()
+                .map(|x| pick(x.0, |r| &r.decode))
+                .collect(),
+            peak_memory: rounds.iter().map(|r| r.peak_memory).fold(0.0, f64::max),
+        })
+    }
 }
 
 fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
@@ -309,21 +345,59 @@ fn main() {
         options.activations = activations;
     }
     let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default()).expect("load");
-    let ours = bench_ours(&mut runner, &a);
+    let gguf = path.extension().is_some_and(|e| e == "gguf");
+    let python = |venv: &str| {
+        let py = venv_python(venv);
+        if py.is_none() {
+            eprintln!(
+                "no venv at {}/{venv}; run scripts/ to create it",
+                fetch::cache_dir().display()
+            );
+        }
+        py
+    };
+    let llama = (a.peers && gguf)
+        .then(|| python("llama-cpp-venv"))
+        .flatten();
+    let (mut ours_rounds, mut llama_rounds) = (Vec::new(), Vec::new());
+    for round in 0..a.rounds {
+        if a.rounds > 1 {
+            eprintln!("round {} of {}", round + 1, a.rounds);
+        }
+        ours_rounds.push(bench_ours(&mut runner, &a));
+        if let Some(r) = llama
+            .as_ref()
+            .and_then(|py| bench_peer("llama_cpp", py, &path, &a))
+        {
+            llama_rounds.push(r);
+        }
+    }
+    if a.rounds > 1 {
+        // Each round's decode ratios, to show the spread the medians hide.
+        for (i, (o, l)) in ours_rounds.iter().zip(&llama_rounds).enumerate() {
+            let ratios: Vec<String> = o
+                .decode
+                .iter()
+                .filter_map(|&(b, v)| {
+                    let peer = l.decode.iter().find(|x| x.0 == b)?.1;
+                    Some(format!("batch {b} {:.2}x", v / peer))
+                })
+                .collect();
+            eprintln!(
+                "round {}: decode vs llama.cpp: {}",
+                i + 1,
+                ratios.join(", ")
+            );
+        }
+    }
+    let ours = Results::median_of(&ours_rounds).expect("at least one round");
     let mut peers: Vec<(&str, Results)> = Vec::new();
-    if a.peers && path.extension().is_some_and(|e| e == "gguf") {
-        for (engine, venv) in [("llama_cpp", "llama-cpp-venv"), ("mlx_lm", "oracle-venv")] {
-            match venv_python(venv) {
-                Some(py) => {
-                    if let Some(r) = bench_peer(engine, &py, &path, &a) {
-                        peers.push((engine, r));
-                    }
-                }
-                None => eprintln!(
-                    "{engine}: no venv at {}/{venv}; run scripts/ to create it",
-                    fetch::cache_dir().display()
-                ),
-            }
+    if let Some(r) = Results::median_of(&llama_rounds) {
+        peers.push(("llama_cpp", r));
+    }
+    if a.peers && gguf {
+        if let Some(r) = python("oracle-venv").and_then(|py| bench_peer("mlx_lm", &py, &path, &a)) {
+            peers.push(("mlx_lm", r));
         }
     }
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -336,13 +410,18 @@ fn main() {
         .unwrap_or_default();
     let flags = cpu_flags();
     println!(
-        "\nmodel: {}\nmachine: {} ({} cores; {}), threads {}, activations {}\n",
+        "\nmodel: {}\nmachine: {} ({} cores; {}), threads {}, activations {}{}\n",
         path.display(),
         cpu,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         flags.join(" "),
         a.threads,
-        format!("{:?}", options.activations).to_lowercase()
+        format!("{:?}", options.activations).to_lowercase(),
+        if a.rounds > 1 {
+            format!(", medians of {} alternating rounds (mlx-lm: one)", a.rounds)
+        } else {
+            String::new()
+        }
     );
     let mut header = String::from("| workload | mlx-backend |");
     let mut rule = String::from("| --- | --- |");

@@ -584,15 +584,12 @@ pub(crate) mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::qdot512::tests::{random, weight};
+    use crate::kernels::cpu::qdot512::tests::{check_against_f64, random};
     use crate::kernels::cpu::quant::Layout;
     use crate::kernels::cpu::simd::test_util::Rng;
 
-    /// `dot_rows` against an f64 reference: exact x within f32 rounding
-    /// (1e-5 of Σ|x·W|); int16 x also within the rounding of x, half a
-    /// step (`max|x over the word| / 32767`) per value. A sub-range of x
-    /// rows and of weight rows is written transposed into a poisoned buffer
-    /// with a padded stride.
+    /// `dot_rows` against an f64 reference (`qdot512`'s check): exact x
+    /// within f32 rounding, int16 x also within half a step of its word.
     fn case<P: Element>(
         rng: &mut Rng,
         (m, n, k): (usize, usize, usize),
@@ -605,43 +602,11 @@ mod tests {
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
         let px = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, int16);
         assert_eq!(px.int16.is_some(), int16);
-        let vpw = lay.vals_per_word;
-        let half_step = |xi: usize, c: usize| -> f64 {
-            if !int16 {
-                return 0.0;
-            }
-            let values = &x[xi * k + c / vpw * vpw..][..vpw];
-            values.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64)) / 32767.0 / 2.0
-        };
-        let (xr, wr) = (m / 3..m, 1..n);
-        let stride = xr.len() + 3;
-        let mut out = vec![f32::NAN; wr.len() * stride];
-        let st = OutStrides {
-            x_stride: 1,
-            w_stride: stride,
-        };
-        dot_rows(&px, xr.clone(), &wv, wr.clone(), &mut out, st);
-        for (i, xi) in xr.clone().enumerate() {
-            for (j, r) in wr.clone().enumerate() {
-                let (mut want, mut mag, mut rounding) = (0.0f64, 0.0f64, 0.0f64);
-                for c in 0..k {
-                    let wc = weight(&wv, r, c);
-                    let t = x[xi * k + c] as f64 * wc;
-                    want += t;
-                    mag += t.abs();
-                    rounding += wc.abs() * half_step(xi, c);
-                }
-                let got = out[i + j * stride] as f64;
-                assert!(
-                    (got - want).abs() <= 1e-5 * mag + rounding,
-                    "m={m} n={n} k={k} bits={bits} group={group} int16={int16} \
-                     x row {xi} w row {r}: {got} vs {want}"
-                );
-            }
-        }
-        for j in 0..wr.len() {
-            assert!(out[j * stride + xr.len()..][..3].iter().all(|v| v.is_nan()));
-        }
+        let what = format!("m={m} n={n} k={k} bits={bits} group={group} int16={int16}");
+        let unit = int16.then_some(lay.vals_per_word);
+        check_against_f64(&x, &wv, unit, &what, |xr, wr, out, st| {
+            dot_rows(&px, xr, &wv, wr, out, st)
+        });
     }
 
     #[test]

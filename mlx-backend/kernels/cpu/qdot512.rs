@@ -1068,15 +1068,35 @@ pub(crate) mod tests {
         assert_eq!(px.int16.is_some(), int16 && !tiles && !per_group);
         assert_eq!(px.group16.is_some(), per_group);
         let unit = if per_group { group } else { lay.vals_per_word };
+        let what = format!("m={m} n={n} k={k} bits={bits} group={group} int16={int16} amx={amx}");
+        check_against_f64(&x, &wv, int16.then_some(unit), &what, |xr, wr, out, st| {
+            dot_rows(&px, xr, &wv, wr, out, st)
+        });
+    }
+
+    /// Runs `dot(x rows, weight rows, out, strides)` over a sub-range of
+    /// `x`'s rows (`[m, k]`) and of `w`'s, written transposed into a
+    /// poisoned buffer with a padded stride, and checks it against an f64
+    /// reference: within f32 rounding (1e-5 of Σ|x·W|) plus, for x rounded
+    /// to int16 with one scale per `rounding_unit` values, half a step
+    /// (`max|x over the unit| / 32767 / 2`) per value; the padding stays
+    /// untouched.
+    pub(crate) fn check_against_f64<P: Element>(
+        x: &[f32],
+        wv: &QView<P>,
+        rounding_unit: Option<usize>,
+        what: &str,
+        dot: impl Fn(Range<usize>, Range<usize>, &mut [f32], OutStrides),
+    ) {
+        let (n, k) = (wv.lay.n, wv.lay.k);
+        let m = x.len() / k;
         let half_step = |xi: usize, c: usize| -> f64 {
-            if !int16 {
+            let Some(unit) = rounding_unit else {
                 return 0.0;
-            }
+            };
             let values = &x[xi * k + c / unit * unit..][..unit];
             values.iter().fold(0.0f64, |m, v| m.max(v.abs() as f64)) / 32767.0 / 2.0
         };
-        // A sub-range of x rows and of weight rows, written transposed
-        // into a poisoned buffer with a padded stride.
         let (xr, wr) = (m / 3..m, 1..n);
         let stride = xr.len() + 3;
         let mut out = vec![f32::NAN; wr.len() * stride];
@@ -1084,12 +1104,12 @@ pub(crate) mod tests {
             x_stride: 1,
             w_stride: stride,
         };
-        dot_rows(&px, xr.clone(), &wv, wr.clone(), &mut out, st);
+        dot(xr.clone(), wr.clone(), &mut out, st);
         for (i, xi) in xr.clone().enumerate() {
             for (j, r) in wr.clone().enumerate() {
                 let (mut want, mut mag, mut rounding) = (0.0f64, 0.0f64, 0.0f64);
                 for c in 0..k {
-                    let wc = weight(&wv, r, c);
+                    let wc = weight(wv, r, c);
                     let t = x[xi * k + c] as f64 * wc;
                     want += t;
                     mag += t.abs();
@@ -1098,12 +1118,10 @@ pub(crate) mod tests {
                 let got = out[i + j * stride] as f64;
                 assert!(
                     (got - want).abs() <= 1e-5 * mag + rounding,
-                    "m={m} n={n} k={k} bits={bits} group={group} int16={int16} \
-                     amx={amx} x row {xi} w row {r}: {got} vs {want}"
+                    "{what} x row {xi} w row {r}: {got} vs {want}"
                 );
             }
         }
-        // The padding between strides stays untouched.
         for j in 0..wr.len() {
             assert!(out[j * stride + xr.len()..][..3].iter().all(|v| v.is_nan()));
         }

@@ -65,16 +65,24 @@ impl Body {
         Body::available().last().copied()
     }
 
-    /// Every body this CPU runs, narrowest first (tests run each).
-    pub(crate) fn available() -> Vec<Body> {
-        let mut bodies = Vec::new();
-        if super::qdot256::int16_available() {
-            bodies.push(Body::Avx2);
-        }
-        if super::qdot512::int16_available() {
-            bodies.push(Body::Avx512Vnni);
-        }
-        bodies
+    /// [`Body::best`], for callers that were handed x of this kernel.
+    fn required() -> Body {
+        Body::best().expect("int16 x of one scale per group needs AVX2 or AVX-512 VNNI")
+    }
+
+    /// Every body this CPU runs, narrowest first (probed once; tests run each).
+    pub(crate) fn available() -> &'static [Body] {
+        static BODIES: std::sync::OnceLock<Vec<Body>> = std::sync::OnceLock::new();
+        BODIES.get_or_init(|| {
+            let mut bodies = Vec::new();
+            if super::qdot256::int16_available() {
+                bodies.push(Body::Avx2);
+            }
+            if super::qdot512::int16_available() {
+                bodies.push(Body::Avx512Vnni);
+            }
+            bodies
+        })
     }
 }
 
@@ -111,8 +119,7 @@ impl GroupInt16Rows {
     /// # Panics
     /// Without a body ([`Body::best`]), or when `x` is not one row long.
     pub(crate) fn push(&mut self, x: &[f32], lay: &Layout) {
-        let body = Body::best().expect("int16 x of one scale per group needs AVX2 or AVX-512 VNNI");
-        self.push_with(body, x, lay);
+        self.push_with(Body::required(), x, lay);
     }
 
     /// [`Self::push`] through `body`'s code.
@@ -164,8 +171,16 @@ pub(crate) fn dot_rows<P: Element>(
     out: &mut [f32],
     strides: OutStrides,
 ) {
-    let body = Body::best().expect("int16 x of one scale per group needs AVX2 or AVX-512 VNNI");
-    dot_rows_with(body, x, group_sums, xrows, w, rows, out, strides)
+    dot_rows_with(
+        Body::required(),
+        x,
+        group_sums,
+        xrows,
+        w,
+        rows,
+        out,
+        strides,
+    )
 }
 
 /// [`dot_rows`] through `body`.
@@ -639,7 +654,7 @@ mod tests {
     #[test]
     fn matches_f64_reference_of_rounded_x() {
         let bodies = Body::available();
-        if let [a, b] = bodies[..] {
+        if let [a, b] = *bodies {
             let mut rng = Rng::new(0xab);
             for (k, bits, group) in [(576, 4, 32), (256, 8, 64), (384, 4, 128)] {
                 let lay = Layout::new(bits, group, 1, k).unwrap();
@@ -664,7 +679,7 @@ mod tests {
             (17, 18, 128, 4, 64),
             (3, 7, 96, 4, 32),
         ] {
-            for &body in &bodies {
+            for &body in bodies {
                 case::<f32>(body, &mut rng, (m, n, k), bits, group);
                 case::<half::f16>(body, &mut rng, (m, n, k), bits, group);
                 case::<half::bf16>(body, &mut rng, (m, n, k), bits, group);
@@ -742,7 +757,7 @@ mod tests {
     /// NaN in a group of x makes that row's outputs NaN, and only those.
     #[test]
     fn nan_propagates_per_row() {
-        for body in Body::available() {
+        for &body in Body::available() {
             let mut rng = Rng::new(7);
             let (m, n, k) = (5, 20, 576);
             let lay = Layout::new(4, 32, n, k).unwrap();

@@ -71,6 +71,29 @@ pub fn weighted_rows(out: &mut [f32], p: &[f32], rows: &[f32]) {
     }
 }
 
+/// The vector exp's constants, shared by its AVX-512 and AVX2 bodies.
+#[cfg(target_arch = "x86_64")]
+mod exp_consts {
+    /// Inputs are clamped to `[MIN, MAX]`: exp overflows above 88.73 and
+    /// is below the smallest denormal under −103.98.
+    pub(super) const MIN: f32 = -104.0;
+    pub(super) const MAX: f32 = 89.0;
+    /// ln 2 in two parts, for `r = x − n·ln 2` without cancellation.
+    pub(super) const LN2_HI: f32 = 0.693_145_75;
+    pub(super) const LN2_LO: f32 = 1.428_606_8e-6;
+    /// The degree-7 Taylor polynomial of exp, highest coefficient first.
+    pub(super) const TAYLOR: [f32; 8] = [
+        1.0 / 5040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ];
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -82,27 +105,17 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) fn exp16(x: __m512) -> __m512 {
+        use super::exp_consts::*;
         // max/min return their second operand for NaN, so NaN passes.
-        let x = _mm512_min_ps(
-            _mm512_set1_ps(89.0),
-            _mm512_max_ps(_mm512_set1_ps(-104.0), x),
-        );
+        let x = _mm512_min_ps(_mm512_set1_ps(MAX), _mm512_max_ps(_mm512_set1_ps(MIN), x));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm512_set1_ps(1.0 / 5040.0);
-        for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(TAYLOR[0]);
+        for c in &TAYLOR[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
         }
         _mm512_scalef_ps(p, n)
     }
@@ -198,27 +211,17 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn exp8(x: __m256) -> __m256 {
+        use super::exp_consts::*;
         // max/min return their second operand for NaN, so NaN passes.
-        let x = _mm256_min_ps(
-            _mm256_set1_ps(89.0),
-            _mm256_max_ps(_mm256_set1_ps(-104.0), x),
-        );
+        let x = _mm256_min_ps(_mm256_set1_ps(MAX), _mm256_max_ps(_mm256_set1_ps(MIN), x));
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
         );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm256_set1_ps(1.0 / 5040.0);
-        for c in [
-            1.0 / 720.0,
-            1.0 / 120.0,
-            1.0 / 24.0,
-            1.0 / 6.0,
-            0.5,
-            1.0,
-            1.0,
-        ] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(TAYLOR[0]);
+        for c in &TAYLOR[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
         }
         // n in [-150, 129]: two halves, each a normal power of two.
         let ni = _mm256_cvtps_epi32(n);
