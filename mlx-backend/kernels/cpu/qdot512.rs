@@ -1405,7 +1405,8 @@ pub(crate) mod tests {
         }
     }
 
-    /// The default model's batch-1 weight sweep from memory: 30 blocks of
+    /// The default model's batch-1 weight sweep from memory (on whichever
+    /// blocked kernel this CPU runs, `qdot512` or `qdot256`): 30 blocks of
     /// (q, k, v, o, gate, up, down) at their shapes (4-bit, group 32, f16
     /// params) and the 8-bit lm_head, ~98 MB, far more than the L3; one
     /// int16 x row against each matrix in turn, the team splitting each
@@ -1417,7 +1418,7 @@ pub(crate) mod tests {
     #[ignore]
     fn sweep_from_memory() {
         use crate::kernels::cpu::team;
-        if !int16_available() {
+        if !crate::kernels::cpu::qdot::available() {
             return;
         }
         let mut rng = Rng::new(9);
@@ -1461,7 +1462,7 @@ pub(crate) mod tests {
                         x_stride: lay.n,
                         w_stride: 1,
                     };
-                    dot_rows(px, 0..1, &wv, rows, part, st);
+                    crate::kernels::cpu::qdot::dot_rows(px, 0..1, &wv, rows, part, st);
                     m.barrier()?;
                 }
                 Ok(())
