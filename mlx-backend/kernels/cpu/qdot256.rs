@@ -695,66 +695,9 @@ mod tests {
         if !available() {
             return;
         }
-        let mut rng = Rng::new(5);
-        for (what, m, n, k, bits) in [
-            ("q/o proj", 1, 576, 576, 4),
-            ("k/v proj", 1, 192, 576, 4),
-            ("gate/up", 1, 1536, 576, 4),
-            ("down", 1, 576, 1536, 4),
-            ("lm_head", 1, 49152, 576, 8),
-            ("gate/up x2", 2, 1536, 576, 4),
-            ("gate/up x4", 4, 1536, 576, 4),
-            ("gate/up x8", 8, 1536, 576, 4),
-            ("down x8", 8, 576, 1536, 4),
-            ("gate/up x64", 64, 1536, 576, 4),
-        ] {
-            let lay = Layout::new(bits, 32, n, k).unwrap();
-            let (w, s, b, x) = random::<half::f16>(&mut rng, (m, n, k), &lay);
-            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-            let mut out = vec![0.0f32; m * n];
-            let st = OutStrides {
-                x_stride: n,
-                w_stride: 1,
-            };
-            let reps = (2e8 as usize / (m * n * k)).max(3);
-            let timed = |int16: bool, out: &mut [f32]| {
-                let px = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, int16);
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    dot_rows(&px, 0..m, &wv, 0..n, out, st);
-                }
-                t.elapsed().as_secs_f64() / reps as f64
-            };
-            let secs = timed(false, &mut out);
-            let secs16 = timed(int16_available(), &mut out);
-            let px8 = PreparedX::with_lanes(x.chunks_exact(k).take(1), &lay, 8, false);
-            let t = std::time::Instant::now();
-            let mut sink = 0.0;
-            for _ in 0..reps * m {
-                for r in (0..n).step_by(2) {
-                    let (a, b) = crate::kernels::cpu::quant::qdot2_scaled(
-                        &wv.row(r),
-                        &wv.row(r + 1),
-                        &px8.perm,
-                        &lay,
-                        true,
-                    );
-                    sink += a + b;
-                }
-            }
-            let old = t.elapsed().as_secs_f64() / reps as f64;
-            let bytes = (w.len() * 4 + (s.len() + b.len()) * 2) as f64;
-            let mac = (m * n * k) as f64;
-            println!(
-                "{what:12} m={m:2} n={n:5} k={k:4} {bits}-bit: exact {:8.1} us {:5.1} GMAC/s; \
-                 int16 {:8.1} us {:5.1} GMAC/s {:5.1} GB/s; two-row body {:5.1} GMAC/s ({sink:.0e})",
-                secs * 1e6,
-                mac / secs / 1e9,
-                secs16 * 1e6,
-                mac / secs16 / 1e9,
-                bytes / secs16 / 1e9,
-                mac / old / 1e9,
-            );
-        }
+        crate::kernels::cpu::qdot512::tests::speed_table(
+            |x, lay, int16| PreparedX::with_lanes(x.chunks_exact(lay.k), lay, 8, int16),
+            int16_available(),
+        );
     }
 }

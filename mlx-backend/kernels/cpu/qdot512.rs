@@ -1343,6 +1343,17 @@ pub(crate) mod tests {
         if !available() {
             return;
         }
+        speed_table(
+            |x, lay, int16| PreparedX::new(x.chunks_exact(lay.k), lay, int16),
+            int16_available(),
+        );
+    }
+
+    /// Prints, per shape of the default model, the blocked kernel's speed
+    /// (`qdot::dot_rows`) on x as `prepare(x, layout, int16)` lays it out,
+    /// exact and (where `int16`) int16, weights in cache, beside the AVX2
+    /// two-row body that preceded both kernels.
+    pub(crate) fn speed_table(prepare: impl Fn(&[f32], &Layout, bool) -> PreparedX, int16: bool) {
         let mut rng = Rng::new(5);
         for (what, m, n, k, bits) in [
             ("q/o proj", 1, 576, 576, 4),
@@ -1353,6 +1364,7 @@ pub(crate) mod tests {
             ("gate/up x2", 2, 1536, 576, 4),
             ("gate/up x4", 4, 1536, 576, 4),
             ("gate/up x8", 8, 1536, 576, 4),
+            ("down x8", 8, 576, 1536, 4),
             ("gate/up x64", 64, 1536, 576, 4),
         ] {
             let lay = Layout::new(bits, 32, n, k).unwrap();
@@ -1365,15 +1377,15 @@ pub(crate) mod tests {
             };
             let reps = (2e8 as usize / (m * n * k)).max(3);
             let timed = |int16: bool, out: &mut [f32]| {
-                let px = PreparedX::new(x.chunks_exact(k), &lay, int16);
+                let px = prepare(&x, &lay, int16);
                 let t = std::time::Instant::now();
                 for _ in 0..reps {
-                    dot_rows(&px, 0..m, &wv, 0..n, out, st);
+                    crate::kernels::cpu::qdot::dot_rows(&px, 0..m, &wv, 0..n, out, st);
                 }
                 t.elapsed().as_secs_f64() / reps as f64
             };
             let secs = timed(false, &mut out);
-            let secs16 = timed(int16_available(), &mut out);
+            let secs16 = timed(int16, &mut out);
             let px8 = PreparedX::with_lanes(x.chunks_exact(k).take(1), &lay, 8, false);
             let t = std::time::Instant::now();
             let mut sink = 0.0;
@@ -1391,16 +1403,16 @@ pub(crate) mod tests {
             }
             let old = t.elapsed().as_secs_f64() / reps as f64;
             let bytes = (w.len() * 4 + (s.len() + b.len()) * 2) as f64;
+            let mac = (m * n * k) as f64;
             println!(
-                "{what:12} m={m:2} n={n:5} k={k:4} {bits}-bit: {:8.1} us, {:5.1} GMAC/s, \
-                 {:5.1} GB/s of weights+params; int16 x {:5.1} GMAC/s {:5.1} GB/s; \
-                 AVX2 two-row body {:5.1} GMAC/s ({sink:.0e})",
+                "{what:12} m={m:2} n={n:5} k={k:4} {bits}-bit: exact {:8.1} us {:5.1} GMAC/s; \
+                 int16 {:8.1} us {:5.1} GMAC/s {:5.1} GB/s; two-row body {:5.1} GMAC/s ({sink:.0e})",
                 secs * 1e6,
-                (m * n * k) as f64 / secs / 1e9,
-                bytes / secs / 1e9,
-                (m * n * k) as f64 / secs16 / 1e9,
+                mac / secs / 1e9,
+                secs16 * 1e6,
+                mac / secs16 / 1e9,
                 bytes / secs16 / 1e9,
-                (m * n * k) as f64 / old / 1e9,
+                mac / old / 1e9,
             );
         }
     }
