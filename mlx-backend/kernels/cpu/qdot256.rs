@@ -72,13 +72,9 @@ pub(crate) fn dot_rows<P: Element>(
         "x prepared for another kernel"
     );
     assert_eq!(px.group_sums.len(), px.rows * lay.groups_per_row);
-    assert!(xrows.end <= px.rows);
-    assert!(rows.end <= w.w.len() / lay.words_per_row);
-    if xrows.is_empty() || rows.is_empty() {
+    if !strides.check(&xrows, px.rows, w, &rows, out.len()) {
         return;
     }
-    let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
-    assert!(last < out.len(), "output too short");
     match &px.int16 {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {

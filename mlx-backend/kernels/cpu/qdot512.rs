@@ -291,6 +291,32 @@ pub(crate) struct OutStrides {
     pub(crate) w_stride: usize,
 }
 
+impl OutStrides {
+    /// A `dot_rows` call's ranges: `xrows` inside the `x_rows` prepared x
+    /// rows, `rows` inside `w`, and `out` (`out_len`) long enough for both
+    /// at these strides. False when there is nothing to compute.
+    ///
+    /// # Panics
+    /// When a range leaves its matrix or `out` is too short.
+    pub(crate) fn check<P>(
+        &self,
+        xrows: &Range<usize>,
+        x_rows: usize,
+        w: &QView<P>,
+        rows: &Range<usize>,
+        out_len: usize,
+    ) -> bool {
+        assert!(xrows.end <= x_rows);
+        assert!(rows.end <= w.w.len() / w.lay.words_per_row);
+        if xrows.is_empty() || rows.is_empty() {
+            return false;
+        }
+        let last = (xrows.len() - 1) * self.x_stride + (rows.len() - 1) * self.w_stride;
+        assert!(last < out_len, "output too short");
+        true
+    }
+}
+
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for every prepared x
 /// row `i` in `xrows` and weight row `r` in `rows`.
 ///
@@ -312,13 +338,9 @@ pub(crate) fn dot_rows<P: Element>(
     );
     assert_eq!(px.lanes, 16, "x must be prepared with 16 lanes");
     assert_eq!(px.group_sums.len(), px.rows * lay.groups_per_row);
-    assert!(xrows.end <= px.rows);
-    assert!(rows.end <= w.w.len() / lay.words_per_row);
-    if xrows.is_empty() || rows.is_empty() {
+    if !strides.check(&xrows, px.rows, w, &rows, out.len()) {
         return;
     }
-    let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
-    assert!(last < out.len(), "output too short");
     if let Some(ax) = &px.amx {
         return super::amx::dot_rows(ax, xrows, w, rows, out, strides);
     }

@@ -202,14 +202,10 @@ pub(crate) fn dot_rows_with<P: Element>(
     );
     assert_eq!(x.row_pairs, lay.k / 2);
     assert_eq!(x.groups, lay.groups_per_row);
-    assert!(xrows.end <= x.rows());
     assert!(group_sums.len() >= xrows.end * lay.groups_per_row);
-    assert!(rows.end <= w.w.len() / lay.words_per_row);
-    if xrows.is_empty() || rows.is_empty() {
+    if !strides.check(&xrows, x.rows(), w, &rows, out.len()) {
         return;
     }
-    let last = (xrows.len() - 1) * strides.x_stride + (rows.len() - 1) * strides.w_stride;
-    assert!(last < out.len(), "output too short");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the features were detected; the asserts above bound every access.
     unsafe {
