@@ -25,7 +25,8 @@ pub(crate) mod bridge {
         device: DeviceSpec,
     }
 
-    /// The geometry of one decoder block for `kernel_decoder_layer`.
+    /// The geometry of one decoder block for `decoder_stack_push` (`batch`
+    /// is set per call by C++).
     #[derive(Clone, Copy, Debug, PartialEq)]
     struct DecoderLayerSpec {
         batch: usize,
@@ -60,6 +61,7 @@ pub(crate) mod bridge {
         type ArrayList;
         type SafetensorsFile;
         type GgufFile;
+        type DecoderStack;
 
         // ---- devices and streams
         fn default_device() -> DeviceSpec;
@@ -430,16 +432,28 @@ pub(crate) mod bridge {
             fused: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<array>>;
-        /// One decoder block for decode rows `x [B, 1, H]`; `params` in
-        /// the order of `kernels::decoder_layer`, `caches` keys and values
-        /// per row. Returns `[out, keys_0', values_0', ...]`.
-        #[allow(clippy::too_many_arguments)]
-        fn kernel_decoder_layer(
-            x: &array,
+        /// An empty stack of decoder blocks.
+        fn new_decoder_stack() -> UniquePtr<DecoderStack>;
+        /// Checks, evaluates and appends one block: `params` in the order
+        /// of `kernels::decoder_layer`, `quant` its `(bits, group_size)`
+        /// per projection.
+        fn decoder_stack_push(
+            stack: Pin<&mut DecoderStack>,
             params: &ArrayList,
-            caches: &ArrayList,
             spec: &DecoderLayerSpec,
             quant: &[i32],
+        ) -> Result<()>;
+        /// Blocks `first..first + count` of `stack` as one node, for decode
+        /// rows `x [B, 1, H]`; `caches` keys and values per block and row
+        /// (block-major), `offsets` per block and row. Returns `[out,
+        /// caches'...]`.
+        #[allow(clippy::too_many_arguments)]
+        fn kernel_decoder_stack(
+            x: &array,
+            stack: &DecoderStack,
+            first: usize,
+            count: usize,
+            caches: &ArrayList,
             offsets: &[i32],
             fused: bool,
             s: StreamSpec,
@@ -548,14 +562,21 @@ pub(crate) mod bridge {
             k: usize,
             activations: i32,
         ) -> bool;
-        /// `inputs`/`outputs`: `(address, bytes)` pairs of MLX buffers.
-        fn decoder_layer_cpu(
-            spec: &DecoderLayerSpec,
+        /// Every block of a stack in turn. `x`, `params` (each block's
+        /// `param_counts[l]` buffers, concatenated) and `outputs` (out, then
+        /// keys and values per block and row): `(address, bytes)` pairs of
+        /// MLX buffers. `quant`: 14 per block; `offsets`, `capacities`: per
+        /// block and row.
+        #[allow(clippy::too_many_arguments)]
+        fn decoder_stack_cpu(
+            specs: &[DecoderLayerSpec],
             copied_caches: usize,
             quant: &[i32],
             offsets: &[i32],
             capacities: &[i32],
-            inputs: &[usize],
+            x: &[usize],
+            params: &[usize],
+            param_counts: &[usize],
             outputs: &[usize],
         ) -> bool;
         #[allow(clippy::too_many_arguments)]
@@ -584,7 +605,7 @@ pub(crate) use bridge::*;
 
 // The Rust side of the "CPU kernels called from C++" section.
 use crate::kernels::attention::cpu::attention_cpu;
-use crate::kernels::decoder_layer::cpu::decoder_layer_cpu;
+use crate::kernels::decoder_layer::cpu::decoder_stack_cpu;
 use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
 use crate::kernels::moe_combine::cpu::moe_combine_cpu;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;

@@ -26,7 +26,7 @@ pub mod rms_norm;
 
 pub use activation::ActivationPrecision;
 pub use attention::attention;
-pub use decoder_layer::{decoder_layer, DecoderLayer, RopeSpec};
+pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};
 pub use gate_qmv_silu_mul::{
     gate_qmv_silu_mul, gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul,
     gather_gate_qmv_silu_mul_with,

@@ -8,7 +8,7 @@ use super::layers::{
     fused_decoder_layer, Attention, Embedding, Linear, Mlp, RaggedBatch, RmsNorm, SparseMoe,
 };
 use super::weights::Weights;
-use crate::kernels::{registry, DecoderLayer, Kernel};
+use crate::kernels::{registry, DecoderLayer, DecoderStack, Kernel};
 use crate::ops::AttentionMask;
 use crate::{Array, OpError};
 
@@ -101,6 +101,8 @@ pub struct Transformer {
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    /// The blocks as one fused decode node (see [`Transformer::decoder_stack`]).
+    decoder_stack: std::cell::OnceCell<Option<DecoderStack>>,
 }
 
 impl Transformer {
@@ -152,6 +154,7 @@ impl Transformer {
             layers,
             norm,
             lm_head,
+            decoder_stack: std::cell::OnceCell::new(),
         })
     }
 
@@ -243,47 +246,43 @@ impl Transformer {
         self.head(&h)
     }
 
-    /// Every block as a fused decode node, when the kernel is on and takes
-    /// these activations, weights and (single-row) caches; else `None` and
-    /// the blocks run op by op.
-    fn fused_layers(
-        &self,
-        h: &Array,
-        rows: &[&mut [LayerKvCache]],
-    ) -> Option<Vec<DecoderLayer<'_>>> {
-        if !registry::is_enabled(Kernel::DecoderLayer) || registry::has_failed(Kernel::DecoderLayer)
-        {
-            return None;
+    /// The blocks prepared as one fused decode node, built on first use;
+    /// `None` when a block cannot fuse (e.g. a MoE block).
+    fn decoder_stack(&self) -> Result<Option<&DecoderStack>, OpError> {
+        if let Some(stack) = self.decoder_stack.get() {
+            return Ok(stack.as_ref());
         }
-        let layers: Vec<DecoderLayer<'_>> = self
-            .layers
-            .iter()
-            .map(Block::fused)
-            .collect::<Option<_>>()?;
-        let single_row = rows
-            .iter()
-            .all(|r| r.iter().all(|c| c.batch().is_none_or(|b| b == 1)));
-        let eligible = layers
-            .iter()
-            .all(|l| crate::kernels::decoder_layer::eligibility(h.dtype(), l).is_ok());
-        (single_row && eligible).then_some(layers)
+        let layers: Option<Vec<DecoderLayer<'_>>> = self.layers.iter().map(Block::fused).collect();
+        let stack = match layers {
+            Some(layers) => Some(DecoderStack::new(&layers)?),
+            None => None,
+        };
+        Ok(self.decoder_stack.get_or_init(|| stack).as_ref())
     }
 
-    /// One decode step with every block as a fused node, from the embedded
-    /// tokens `h [B, 1, H]` (row `b` owning `rows[b]`); `None` when the
-    /// blocks do not qualify and must run op by op.
+    /// One decode step with every block in one fused node, from the
+    /// embedded tokens `h [B, 1, H]` (row `b` owning `rows[b]`); `None`
+    /// when the kernel is off or the blocks, activations or caches do not
+    /// qualify, and the blocks must run op by op.
     fn fused_decode(
         &self,
         h: &Array,
         rows: &mut [&mut [LayerKvCache]],
     ) -> Result<Option<Array>, ForwardError> {
-        let Some(layers) = self.fused_layers(h, rows) else {
+        if !registry::is_enabled(Kernel::DecoderLayer) || registry::has_failed(Kernel::DecoderLayer)
+        {
+            return Ok(None);
+        }
+        let Some(stack) = self.decoder_stack()? else {
             return Ok(None);
         };
-        let mut h = h.clone();
-        for (i, layer) in layers.iter().enumerate() {
-            h = fused_step(&h, layer, rows, i)?;
+        let single_row = rows
+            .iter()
+            .all(|r| r.iter().all(|c| c.batch().is_none_or(|b| b == 1)));
+        if !single_row || stack.eligibility(h.dtype()).is_err() {
+            return Ok(None);
         }
+        let h = fused_steps(h, stack, rows)?;
         self.head(&h).map(Some)
     }
 
@@ -329,42 +328,44 @@ impl Transformer {
     }
 }
 
-/// Runs block `layer_index` as one fused node over every row's cache of
-/// that layer. On an error each cache gets its arrays back unchanged.
-fn fused_step(
+/// Runs every block as one fused node over every row's caches. On an
+/// error each cache gets its arrays back unchanged.
+fn fused_steps(
     x: &Array,
-    layer: &DecoderLayer<'_>,
+    stack: &DecoderStack,
     rows: &mut [&mut [LayerKvCache]],
-    layer_index: usize,
 ) -> Result<Array, OpError> {
-    let (heads, dim) = (layer.n_kv_heads, layer.head_dim);
     let restore = |rows: &mut [&mut [LayerKvCache]], taken: Vec<(Array, Array, i32)>| {
-        for (row, (k, v, _)) in rows.iter_mut().zip(taken) {
-            row[layer_index].restore(k, v);
+        for (i, (k, v, _)) in taken.into_iter().enumerate() {
+            rows[i % rows.len()][i / rows.len()].restore(k, v);
         }
     };
-    let mut taken = Vec::with_capacity(rows.len());
-    for r in 0..rows.len() {
-        match rows[r][layer_index].take_for_decode(heads, dim, x.dtype()) {
-            Ok(t) => taken.push(t),
-            Err(e) => {
-                restore(rows, taken);
-                return Err(e);
+    // Block-major, as the stack takes them.
+    let mut taken = Vec::with_capacity(rows.len() * stack.len());
+    for layer in 0..stack.len() {
+        let (heads, dim) = stack.kv_shape(layer).expect("layer < len");
+        for r in 0..rows.len() {
+            match rows[r][layer].take_for_decode(heads, dim, x.dtype()) {
+                Ok(t) => taken.push(t),
+                Err(e) => {
+                    restore(rows, taken);
+                    return Err(e);
+                }
             }
         }
     }
     let offsets: Vec<i32> = taken.iter().map(|t| t.2).collect();
     let result = {
         let refs: Vec<(&Array, &Array)> = taken.iter().map(|(k, v, _)| (k, v)).collect();
-        crate::kernels::decoder_layer(x, layer, &refs, &offsets)
+        stack.forward(x, &refs, &offsets)
     };
     match result {
         Ok((out, updated)) => {
             // The inputs are dropped before evaluation so their buffers can
             // be reused in place.
             drop(taken);
-            for (row, (k, v)) in rows.iter_mut().zip(updated) {
-                row[layer_index].commit_decode(k, v);
+            for (i, (k, v)) in updated.into_iter().enumerate() {
+                rows[i % rows.len()][i / rows.len()].commit_decode(k, v);
             }
             Ok(out)
         }

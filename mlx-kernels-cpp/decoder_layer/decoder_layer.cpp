@@ -37,20 +37,11 @@ std::array<std::pair<int, int>, kProjections> projection_dims(const LayerConfig&
   }};
 }
 
-void check_contract(
-    const array& x,
-    const std::vector<array>& params,
-    const std::vector<array>& caches,
-    const LayerConfig& c) {
-  if (x.ndim() != 3 || x.shape(1) != 1 || x.shape(0) < 1) {
-    fail("x must be [B, 1, hidden] (one decode token per row), got " + shape_str(x.shape()));
-  }
-  if (!is_float(x.dtype())) {
-    fail("x must be a float array");
-  }
-  if (x.shape(0) != c.batch || x.shape(2) != c.hidden) {
-    fail("x " + shape_str(x.shape()) + " does not match batch " + std::to_string(c.batch) +
-         " and hidden " + std::to_string(c.hidden));
+// The parameters of one block (input norm, post norm, 7 × [w, scales,
+// biases], then the optional ones) against its configuration.
+void check_params(const std::vector<array>& params, const LayerConfig& c) {
+  if (c.hidden < 1 || c.intermediate < 1) {
+    fail("hidden and intermediate sizes must be positive");
   }
   if (c.n_heads < 1 || c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0 || c.head_dim < 1) {
     fail("query heads must be a positive multiple of kv heads");
@@ -64,10 +55,6 @@ void check_contract(
   if (params.size() != c.param_inputs() - 1) {
     fail("expected " + std::to_string(c.param_inputs() - 1) + " parameter arrays, got " +
          std::to_string(params.size()));
-  }
-  if (static_cast<int>(caches.size()) != 2 * c.batch ||
-      static_cast<int>(c.offsets.size()) != c.batch) {
-    fail("need keys, values and an offset per row");
   }
   check_vector(params[0], c.hidden, "input norm weight");
   check_vector(params[1], c.hidden, "post-attention norm weight");
@@ -91,20 +78,35 @@ void check_contract(
   if (c.has_freqs) {
     check_vector(params[i++], c.rope_dims / 2, "rope frequencies");
   }
+}
+
+// x and block `c`'s caches (`caches[2b]`, `caches[2b + 1]` for row b).
+void check_call(const array& x, const array* caches, const LayerConfig& c, int layer) {
+  if (x.ndim() != 3 || x.shape(1) != 1 || x.shape(0) < 1) {
+    fail("x must be [B, 1, hidden] (one decode token per row), got " + shape_str(x.shape()));
+  }
+  if (!is_float(x.dtype())) {
+    fail("x must be a float array");
+  }
+  if (x.shape(0) != c.batch || x.shape(2) != c.hidden) {
+    fail("x " + shape_str(x.shape()) + " does not match batch " + std::to_string(c.batch) +
+         " and hidden " + std::to_string(c.hidden) + " of block " + std::to_string(layer));
+  }
   for (int b = 0; b < c.batch; ++b) {
     const auto& k = caches[2 * b];
     const auto& v = caches[2 * b + 1];
+    std::string which = "cache " + std::to_string(b) + " of block " + std::to_string(layer);
     if (k.ndim() != 4 || k.shape() != v.shape() || k.shape(0) != 1 ||
         k.shape(1) != c.n_kv_heads || k.shape(3) != c.head_dim) {
-      fail("cache " + std::to_string(b) + " must be keys and values [1, " +
-           std::to_string(c.n_kv_heads) + ", capacity, " + std::to_string(c.head_dim) +
-           "], got " + shape_str(k.shape()) + " and " + shape_str(v.shape()));
+      fail(which + " must be keys and values [1, " + std::to_string(c.n_kv_heads) +
+           ", capacity, " + std::to_string(c.head_dim) + "], got " + shape_str(k.shape()) +
+           " and " + shape_str(v.shape()));
     }
     if (k.dtype() != x.dtype() || v.dtype() != x.dtype()) {
       fail("caches must have x's dtype");
     }
     if (c.offsets[b] < 0 || c.offsets[b] >= k.shape(2)) {
-      fail("offset " + std::to_string(c.offsets[b]) + " of row " + std::to_string(b) +
+      fail("offset " + std::to_string(c.offsets[b]) + " of " + which +
            " leaves no room in capacity " + std::to_string(k.shape(2)));
     }
   }
@@ -214,10 +216,7 @@ DecoderLayerSpec to_spec(const LayerConfig& c, const array& norms_like, const ar
   return s;
 }
 
-LayerConfig from_spec(
-    const DecoderLayerSpec& s,
-    rust::Slice<const int32_t> quant,
-    rust::Slice<const int32_t> offsets) {
+LayerConfig from_spec(const DecoderLayerSpec& s, rust::Slice<const int32_t> quant) {
   return LayerConfig{
       static_cast<int>(s.batch),
       static_cast<int>(s.hidden),
@@ -237,7 +236,7 @@ LayerConfig from_spec(
       s.has_qk_norm,
       s.activations,
       std::vector<int>(quant.begin(), quant.end()),
-      std::vector<int>(offsets.begin(), offsets.end()),
+      {},
   };
 }
 
@@ -248,18 +247,66 @@ void push_buffer(std::vector<size_t>& table, const array& a) {
 
 } // namespace
 
+// One block of a DecoderStack.
+struct PreparedLayer {
+  // batch and offsets unset: they come with each call.
+  LayerConfig config;
+  // input norm, post norm, 7 × [w, scales, biases], optional ones: each
+  // evaluated and row-contiguous.
+  std::vector<array> params;
+  // (address, bytes) of each parameter, for the kernel.
+  std::vector<size_t> table;
+  // The kernel's view of `config` (batch set per call).
+  DecoderLayerSpec spec;
+};
+
+namespace {
+
+using Layers = std::vector<std::shared_ptr<const PreparedLayer>>;
+
+// Block l's configuration for a call over `batch` rows.
+LayerConfig call_config(const PreparedLayer& layer, int batch, const std::vector<int>& offsets, size_t l) {
+  LayerConfig c = layer.config;
+  c.batch = batch;
+  c.offsets.assign(offsets.begin() + l * batch, offsets.begin() + (l + 1) * batch);
+  return c;
+}
+
+// The blocks from MLX's ops, one after the other: `in` is [x, caches...].
+std::vector<array> stack_fallback(
+    const std::vector<array>& in,
+    const Layers& layers,
+    int batch,
+    const std::vector<int>& offsets,
+    mx::Stream s) {
+  array h = in[0];
+  std::vector<array> caches;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto& layer = *layers[l];
+    std::vector<array> block{h};
+    block.insert(block.end(), layer.params.begin(), layer.params.end());
+    auto first = in.begin() + 1 + 2 * l * batch;
+    block.insert(block.end(), first, first + 2 * batch);
+    auto out = fallback_graph(block, call_config(layer, batch, offsets, l), s);
+    h = out[0];
+    caches.insert(caches.end(), out.begin() + 1, out.end());
+  }
+  std::vector<array> out{h};
+  out.insert(out.end(), caches.begin(), caches.end());
+  return out;
+}
+
+} // namespace
+
 size_t LayerConfig::param_inputs() const {
   return 1 + 2 + 3 * kProjections + (has_qkv_bias ? 3 : 0) + (has_qk_norm ? 2 : 0) +
       (has_freqs ? 1 : 0);
 }
 
-void DecoderLayerPrimitive::eval_cpu(
+void DecoderStackPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
-  const size_t n_params = config_.param_inputs();
-  for (size_t i = 0; i < n_params; ++i) {
-    require_row_contiguous(inputs[i], "decoder_layer input");
-  }
+  require_row_contiguous(inputs[0], "decoder_layer x");
   allocate(outputs[0]);
   // make_arrays gives every output its own copy of the inputs, so each cache
   // would be held once per output and never be donatable. Nothing reads the
@@ -276,9 +323,9 @@ void DecoderLayerPrimitive::eval_cpu(
   // A cache whose buffer nothing else holds is updated in place (as MLX's
   // slice_update does); any other is copied into a fresh buffer first.
   std::vector<std::pair<array, array>> copies;
-  for (size_t c = 0; c + n_params < inputs.size(); ++c) {
-    const auto& in = inputs[n_params + c];
-    auto& out = outputs[1 + c];
+  for (size_t c = 1; c < inputs.size(); ++c) {
+    const auto& in = inputs[c];
+    auto& out = outputs[c];
     if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
       out.copy_shared_buffer(in);
     } else {
@@ -293,34 +340,43 @@ void DecoderLayerPrimitive::eval_cpu(
   for (auto& out : outputs) {
     enc.set_output_array(out);
   }
-  std::vector<size_t> in_table, out_table;
-  for (size_t i = 0; i < n_params; ++i) {
-    push_buffer(in_table, inputs[i]);
-  }
+  std::vector<size_t> x_table, out_table, params, param_counts;
+  push_buffer(x_table, inputs[0]);
   for (const auto& out : outputs) {
     push_buffer(out_table, out);
   }
-  std::vector<int32_t> capacities;
-  for (int b = 0; b < config_.batch; ++b) {
-    capacities.push_back(inputs[n_params + 2 * b].shape(2));
+  std::vector<DecoderLayerSpec> specs;
+  std::vector<int32_t> quant, capacities;
+  for (const auto& layer : layers_) {
+    specs.push_back(layer->spec);
+    specs.back().batch = batch_;
+    params.insert(params.end(), layer->table.begin(), layer->table.end());
+    param_counts.push_back(layer->params.size());
+    quant.insert(quant.end(), layer->config.quant.begin(), layer->config.quant.end());
   }
-  // inputs: x, input_norm, post_norm, then q's weight, scales, biases, ...
-  auto spec = to_spec(config_, inputs[1], inputs[4]);
-  std::vector<int32_t> quant(config_.quant.begin(), config_.quant.end());
-  std::vector<int32_t> offsets(config_.offsets.begin(), config_.offsets.end());
-  std::vector<array> keep(inputs.begin(), inputs.begin() + n_params);
-  enc.dispatch([keep = std::move(keep), outputs, copies = std::move(copies), in_table,
-                out_table, spec, quant, offsets, capacities]() mutable {
+  for (size_t c = 1; c < inputs.size(); c += 2) {
+    capacities.push_back(inputs[c].shape(2));
+  }
+  std::vector<int32_t> offsets(offsets_.begin(), offsets_.end());
+  // The layers keep their parameters alive until the kernel has run.
+  enc.dispatch([layers = layers_, x = inputs[0], outputs, copies = std::move(copies),
+                specs = std::move(specs), quant = std::move(quant), offsets = std::move(offsets),
+                capacities = std::move(capacities), x_table = std::move(x_table),
+                params = std::move(params), param_counts = std::move(param_counts),
+                out_table = std::move(out_table)]() mutable {
     for (auto& [src, dst] : copies) {
       DenseInput dense(src, "decoder_layer cache");
       dense.fill();
       std::memcpy(dst.data<uint8_t>(), dense.get().data<uint8_t>(), dst.nbytes());
     }
-    if (!decoder_layer_cpu(
-            spec, copies.size(), rust::Slice<const int32_t>(quant.data(), quant.size()),
+    if (!decoder_stack_cpu(
+            rust::Slice<const DecoderLayerSpec>(specs.data(), specs.size()), copies.size(),
+            rust::Slice<const int32_t>(quant.data(), quant.size()),
             rust::Slice<const int32_t>(offsets.data(), offsets.size()),
             rust::Slice<const int32_t>(capacities.data(), capacities.size()),
-            rust::Slice<const size_t>(in_table.data(), in_table.size()),
+            rust::Slice<const size_t>(x_table.data(), x_table.size()),
+            rust::Slice<const size_t>(params.data(), params.size()),
+            rust::Slice<const size_t>(param_counts.data(), param_counts.size()),
             rust::Slice<const size_t>(out_table.data(), out_table.size()))) {
       for (auto& out : outputs) {
         poison(out);
@@ -329,62 +385,98 @@ void DecoderLayerPrimitive::eval_cpu(
   });
 }
 
-bool DecoderLayerPrimitive::is_equivalent(const mx::Primitive& other) const {
-  auto o = dynamic_cast<const DecoderLayerPrimitive*>(&other);
-  return o && o->config_ == config_;
+bool DecoderStackPrimitive::is_equivalent(const mx::Primitive& other) const {
+  auto o = dynamic_cast<const DecoderStackPrimitive*>(&other);
+  return o && o->layers_ == layers_ && o->batch_ == batch_ && o->offsets_ == offsets_;
 }
 
-std::vector<mx::Shape> DecoderLayerPrimitive::output_shapes(const std::vector<array>& inputs) {
-  std::vector<mx::Shape> shapes{inputs[0].shape()};
-  for (size_t i = config_.param_inputs(); i < inputs.size(); ++i) {
-    shapes.push_back(inputs[i].shape());
+std::vector<mx::Shape> DecoderStackPrimitive::output_shapes(const std::vector<array>& inputs) {
+  std::vector<mx::Shape> shapes;
+  for (const auto& in : inputs) {
+    shapes.push_back(in.shape());
   }
   return shapes;
 }
 
-std::vector<array> decoder_layer_op(
-    const array& x,
-    const std::vector<array>& params,
-    const std::vector<array>& caches,
-    LayerConfig config,
-    bool fused,
-    mx::Stream s) {
-  check_contract(x, params, caches, config);
-  std::vector<array> inputs{x};
-  inputs.insert(inputs.end(), params.begin(), params.end());
-  inputs.insert(inputs.end(), caches.begin(), caches.end());
-  Fallback fallback = [config, s](std::vector<array> in) { return fallback_graph(in, config, s); };
-  if (!fused) {
-    return fallback(inputs);
-  }
-  // Parameters are read dense (a no-op for the model's own weights); the
-  // caches are not wrapped, so that their buffers can be donated.
-  for (size_t i = 0; i < config.param_inputs(); ++i) {
-    inputs[i] = dense_input(inputs[i], s);
-  }
-  std::vector<mx::Shape> shapes{x.shape()};
-  std::vector<mx::Dtype> dtypes{x.dtype()};
-  for (const auto& c : caches) {
-    shapes.push_back(c.shape());
-    dtypes.push_back(c.dtype());
-  }
-  return array::make_arrays(
-      std::move(shapes), dtypes,
-      std::make_shared<DecoderLayerPrimitive>(s, std::move(fallback), std::move(config)), inputs);
+std::unique_ptr<DecoderStack> new_decoder_stack() {
+  return std::make_unique<DecoderStack>();
 }
 
-std::unique_ptr<ArrayList> kernel_decoder_layer(
-    const array& x,
+void decoder_stack_push(
+    DecoderStack& stack,
     const ArrayList& params,
-    const ArrayList& caches,
     const DecoderLayerSpec& spec,
-    rust::Slice<const int32_t> quant,
+    rust::Slice<const int32_t> quant) {
+  auto layer = std::make_shared<PreparedLayer>();
+  layer->config = from_spec(spec, quant);
+  layer->config.batch = 0;
+  check_params(params.items, layer->config);
+  // Dense and evaluated once: the kernel reads them as plain buffers.
+  for (const auto& p : params.items) {
+    layer->params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
+  }
+  mx::eval(layer->params);
+  for (const auto& p : layer->params) {
+    require_row_contiguous(p, "decoder_layer parameter");
+    push_buffer(layer->table, p);
+  }
+  // params: input norm, post norm, then q's weight, scales, biases, ...
+  layer->spec = to_spec(layer->config, layer->params[0], layer->params[3]);
+  stack.layers.push_back(std::move(layer));
+}
+
+std::unique_ptr<ArrayList> kernel_decoder_stack(
+    const array& x,
+    const DecoderStack& stack,
+    size_t first,
+    size_t count,
+    const ArrayList& caches,
     rust::Slice<const int32_t> offsets,
     bool fused,
-    StreamSpec s) {
+    StreamSpec spec) {
+  if (count == 0 || first > stack.layers.size() || count > stack.layers.size() - first) {
+    fail("blocks " + std::to_string(first) + ".." + std::to_string(first + count) +
+         " are not within the stack's " + std::to_string(stack.layers.size()));
+  }
+  Layers layers(stack.layers.begin() + first, stack.layers.begin() + first + count);
+  if (x.ndim() != 3) {
+    fail("x must be [B, 1, hidden] (one decode token per row), got " + shape_str(x.shape()));
+  }
+  const int batch = x.shape(0);
+  const size_t pairs = layers.size() * static_cast<size_t>(batch);
+  if (caches.items.size() != 2 * pairs || offsets.size() != pairs) {
+    fail("need keys, values and an offset per block and row: " + std::to_string(pairs) +
+         " of each, got " + std::to_string(caches.items.size() / 2) + " caches and " +
+         std::to_string(offsets.size()) + " offsets");
+  }
+  std::vector<int> offs(offsets.begin(), offsets.end());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    check_call(x, caches.items.data() + 2 * l * batch, call_config(*layers[l], batch, offs, l), l);
+  }
+  auto s = to_stream(spec);
+  std::vector<array> inputs{x};
+  inputs.insert(inputs.end(), caches.items.begin(), caches.items.end());
+  Fallback fallback = [layers, batch, offs, s](std::vector<array> in) {
+    return stack_fallback(in, layers, batch, offs, s);
+  };
   auto out = std::make_unique<ArrayList>();
-  out->items = decoder_layer_op(
-      x, params.items, caches.items, from_spec(spec, quant, offsets), fused, to_stream(s));
+  if (!fused) {
+    out->items = fallback(inputs);
+    return out;
+  }
+  // x is read dense; the caches are not wrapped, so that their buffers can
+  // be donated.
+  inputs[0] = dense_input(inputs[0], s);
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  for (const auto& in : inputs) {
+    shapes.push_back(in.shape());
+    dtypes.push_back(in.dtype());
+  }
+  out->items = array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<DecoderStackPrimitive>(s, std::move(fallback), layers, batch, std::move(offs)),
+      inputs);
   return out;
 }
 

@@ -1,8 +1,8 @@
-// decoder_layer: one pre-norm decoder block (attention + SwiGLU MLP on
+// decoder_layer: pre-norm decoder blocks (attention + SwiGLU MLP on
 // quantized weights) for single-token decode rows, each row with its own
-// KV cache written in place at its own offset. The Primitive (CPU kernel in
-// Rust) and the op function that builds either it or the same block from
-// MLX's own ops.
+// KV cache written in place at its own offset. A stack of one or more
+// blocks is one node: the Primitive (CPU kernel in Rust) and the op
+// function that builds either it or the same blocks from MLX's own ops.
 #pragma once
 
 #include "bridge.h"
@@ -35,6 +35,7 @@ struct LayerConfig {
   int activations;
   // (bits, group_size) of q, k, v, o, gate, up, down.
   std::vector<int> quant;
+  // Per row, the cached length (set per call; empty in a PreparedLayer).
   std::vector<int> offsets;
 
   bool operator==(const LayerConfig&) const = default;
@@ -42,39 +43,69 @@ struct LayerConfig {
   size_t param_inputs() const;
 };
 
-// Inputs: [x, params..., keys_0, values_0, keys_1, values_1, ...];
-// outputs: [out, keys_0', values_0', ...] (each cache updated at its offset;
-// a donatable cache buffer is reused, otherwise copied first).
-class DecoderLayerPrimitive : public FallbackPrimitive {
+// One block's parameters, checked, evaluated and made dense once (defined
+// in decoder_layer.cpp).
+struct PreparedLayer;
+
+// Decoder blocks prepared for decode steps. The stack Primitive holds the
+// blocks' parameters as constants of the node, so that a step's graph has
+// only x and the caches as inputs: as graph inputs, a block's 24+
+// parameter arrays were walked by every evaluation and re-checked by every
+// eval_cpu (about a third of a small model's decode step on CPU).
+class DecoderStack {
  public:
-  DecoderLayerPrimitive(mlx::core::Stream s, Fallback f, LayerConfig config)
-      : FallbackPrimitive(s, std::move(f)), config_(std::move(config)) {}
+  std::vector<std::shared_ptr<const PreparedLayer>> layers;
+};
+
+// Inputs: [x, keys_(0,0), values_(0,0), keys_(0,1), ...] (the caches of
+// block l and row b at 1 + 2 (l B + b)); outputs: [out, caches...] in the
+// same order (each cache updated at its offset; a donatable cache buffer
+// is reused, otherwise copied first). Runs every block of the stack in
+// turn, block l's output feeding block l + 1.
+class DecoderStackPrimitive : public FallbackPrimitive {
+ public:
+  DecoderStackPrimitive(
+      mlx::core::Stream s,
+      Fallback f,
+      std::vector<std::shared_ptr<const PreparedLayer>> layers,
+      int batch,
+      std::vector<int> offsets)
+      : FallbackPrimitive(s, std::move(f)),
+        layers_(std::move(layers)),
+        batch_(batch),
+        offsets_(std::move(offsets)) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
   const char* name() const override {
-    return "DecoderLayerKernel";
+    return "DecoderStackKernel";
   }
   bool is_equivalent(const mlx::core::Primitive& other) const override;
   std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
 
  private:
-  LayerConfig config_;
+  std::vector<std::shared_ptr<const PreparedLayer>> layers_;
+  int batch_;
+  // Per block and row (block-major): the cached length.
+  std::vector<int> offsets_;
 };
 
-std::vector<array> decoder_layer_op(
-    const array& x,
-    const std::vector<array>& params,
-    const std::vector<array>& caches,
-    LayerConfig config,
-    bool fused,
-    mlx::core::Stream s);
-
-// Bridge shim: returns [out, keys_0', values_0', ...].
-std::unique_ptr<ArrayList> kernel_decoder_layer(
-    const array& x,
+// Bridge shims.
+std::unique_ptr<DecoderStack> new_decoder_stack();
+// Checks, evaluates and appends one block's parameters (in the order of
+// `kernels::decoder_layer`).
+void decoder_stack_push(
+    DecoderStack& stack,
     const ArrayList& params,
-    const ArrayList& caches,
     const DecoderLayerSpec& spec,
-    rust::Slice<const int32_t> quant,
+    rust::Slice<const int32_t> quant);
+// Blocks first..first + count of `stack` as one node. Returns [out,
+// caches...] as DecoderStackPrimitive's outputs; `offsets` per block and
+// row (block-major).
+std::unique_ptr<ArrayList> kernel_decoder_stack(
+    const array& x,
+    const DecoderStack& stack,
+    size_t first,
+    size_t count,
+    const ArrayList& caches,
     rust::Slice<const int32_t> offsets,
     bool fused,
     StreamSpec s);

@@ -504,47 +504,120 @@ pub fn cache_copies() -> u64 {
     CACHE_COPIES.load(Ordering::Relaxed)
 }
 
-/// Entry point from C++ (`DecoderLayerPrimitive`). `inputs` holds the
-/// `(address, bytes)` of: x, input norm, post norm, `[w, scales, biases]`
-/// of each projection in [`PROJECTIONS`] order, then the optional q/k/v
-/// biases, q/k norms and rope frequencies. `outputs`: out, then keys and
-/// values of each row (already holding the cached positions; `copied_caches`
-/// of them had to be copied rather than reused). `quant` is
-/// `(bits, group_size)` per projection; `offsets`/`capacities` per row.
-pub(crate) fn decoder_layer_cpu(
-    spec: &DecoderLayerSpec,
+/// Entry point from C++ (`DecoderStackPrimitive`): block `l` reads the
+/// previous block's output (block 0 reads `x`), the last writes `out`.
+/// `params` holds each block's `param_counts[l]` buffers in turn: input
+/// norm, post norm, `[w, scales, biases]` of each projection in
+/// [`PROJECTIONS`] order, then the optional q/k/v biases, q/k norms and
+/// rope frequencies. `outputs`: out, then keys and values per block and
+/// row (already holding the cached positions; `copied_caches` of them had
+/// to be copied rather than reused). `quant` is `(bits, group_size)` per
+/// projection and block; `offsets`/`capacities` per block and row.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decoder_stack_cpu(
+    specs: &[DecoderLayerSpec],
     copied_caches: usize,
     quant: &[i32],
     offsets: &[i32],
     capacities: &[i32],
-    inputs: &[usize],
+    x: &[usize],
+    params: &[usize],
+    param_counts: &[usize],
     outputs: &[usize],
 ) -> bool {
     CACHE_COPIES.fetch_add(copied_caches as u64, Ordering::Relaxed);
     run_entry(Kernel::DecoderLayer, || {
-        let pk = FloatKind::from_code(spec.params_dtype)?;
-        let nk = FloatKind::from_code(spec.norms_dtype)?;
-        with_float!(pk, P => with_float!(nk, N =>
-            run::<P, N>(spec, quant, offsets, capacities, inputs, outputs)))
+        let layers = specs.len();
+        let Some(first) = specs.first() else {
+            return Err(KernelError::Shape("the stack has no blocks".into()));
+        };
+        let (batch, hidden) = (first.batch, first.hidden);
+        if specs.iter().any(|s| s.batch != batch || s.hidden != hidden) {
+            return Err(KernelError::Shape(
+                "the blocks differ in batch or hidden size".into(),
+            ));
+        }
+        let per_call = layers.checked_mul(batch);
+        check_len(
+            "quant",
+            quant.len(),
+            layers.checked_mul(2 * PROJECTIONS.len()),
+        )?;
+        check_len("offsets", offsets.len(), per_call)?;
+        check_len("capacities", capacities.len(), per_call)?;
+        check_len("param_counts", param_counts.len(), Some(layers))?;
+        let x = Buffers { table: x, next: 0 }.typed::<f32>("x")?;
+        let mut outs = Buffers {
+            table: outputs,
+            next: 0,
+        };
+        let out = outs.typed_mut::<f32>("out")?;
+        // Block outputs between blocks: `carry` holds block l - 1's.
+        let rows = batch * hidden;
+        let (mut carry, mut next) = if layers > 1 {
+            (vec![0.0f32; rows], vec![0.0f32; rows])
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let mut table = params;
+        for (l, spec) in specs.iter().enumerate() {
+            let count = param_counts[l];
+            let (own, rest) = table.split_at_checked(2 * count).ok_or_else(|| {
+                KernelError::Shape(format!("block {l}: parameter table too short"))
+            })?;
+            table = rest;
+            let calls = l * batch..(l + 1) * batch;
+            let block = Block {
+                spec,
+                quant: &quant[l * 2 * PROJECTIONS.len()..][..2 * PROJECTIONS.len()],
+                offsets: &offsets[calls.clone()],
+                capacities: &capacities[calls],
+                params: own,
+            };
+            let src: &[f32] = if l == 0 { x } else { &carry };
+            let dst: &mut [f32] = if l + 1 == layers {
+                &mut *out
+            } else {
+                &mut next
+            };
+            let pk = FloatKind::from_code(spec.params_dtype)?;
+            let nk = FloatKind::from_code(spec.norms_dtype)?;
+            with_float!(pk, P => with_float!(nk, N =>
+                run_block::<P, N>(&block, &mut outs, src, dst)))?;
+            std::mem::swap(&mut carry, &mut next);
+        }
+        Ok(())
     })
 }
 
-fn run<P: Element, N: Element>(
-    spec: &DecoderLayerSpec,
-    quant: &[i32],
-    offsets: &[i32],
-    capacities: &[i32],
-    inputs: &[usize],
-    outputs: &[usize],
+/// One block's part of [`decoder_stack_cpu`]'s arguments.
+struct Block<'a> {
+    spec: &'a DecoderLayerSpec,
+    quant: &'a [i32],
+    offsets: &'a [i32],
+    capacities: &'a [i32],
+    params: &'a [usize],
+}
+
+/// Runs one block of the stack from `x` into `out`, taking its caches
+/// from `outs`.
+fn run_block<P: Element, N: Element>(
+    block: &Block,
+    outs: &mut Buffers,
+    x: &[f32],
+    out: &mut [f32],
 ) -> Result<(), KernelError> {
-    check_len("quant", quant.len(), Some(2 * PROJECTIONS.len()))?;
-    check_len("offsets", offsets.len(), Some(spec.batch))?;
-    check_len("capacities", capacities.len(), Some(spec.batch))?;
+    let Block {
+        spec,
+        quant,
+        offsets,
+        capacities,
+        params,
+    } = *block;
     let mut ins = Buffers {
-        table: inputs,
+        table: params,
         next: 0,
     };
-    let x = ins.typed::<f32>("x")?;
     let input_norm = ins.typed::<N>("input_norm")?;
     let post_norm = ins.typed::<N>("post_norm")?;
     let mut proj = Vec::with_capacity(PROJECTIONS.len());
@@ -598,11 +671,6 @@ fn run<P: Element, N: Element>(
         scale: spec.rope_scale,
         mscale: spec.rope_mscale,
     };
-    let mut outs = Buffers {
-        table: outputs,
-        next: 0,
-    };
-    let out = outs.typed_mut::<f32>("out")?;
     let mut caches = Vec::with_capacity(spec.batch);
     for r in 0..spec.batch {
         let (offset, capacity) = (offsets[r], capacities[r]);

@@ -43,6 +43,10 @@ use crate::ops::{stream, Quantized};
 /// On by default: see README.md, "Kernels", for the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
+/// Most caches (keys and values arrays) one node takes: see
+/// [`DecoderStack::forward`].
+const MAX_NODE_CACHES: usize = 64;
+
 /// Rotary embedding parameters, as `Array::rope` takes them.
 #[derive(Clone, Copy)]
 pub struct RopeSpec<'a> {
@@ -109,9 +113,23 @@ impl DecoderLayer<'_> {
 /// Whether the CPU kernel takes activations of `x_dtype` (and caches of
 /// the same dtype) with these weights on the current stream.
 pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackReason> {
+    activation_eligibility(x_dtype)?;
+    weights_eligibility(layer)
+}
+
+/// The stream and x's side of [`eligibility`].
+fn activation_eligibility(x_dtype: Dtype) -> Result<(), FallbackReason> {
     if !on_cpu() {
         return Err(FallbackReason::NoKernelForDevice);
     }
+    if x_dtype != Dtype::F32 {
+        return Err(FallbackReason::UnsupportedDtype);
+    }
+    Ok(())
+}
+
+/// The weights' side of [`eligibility`].
+fn weights_eligibility(layer: &DecoderLayer) -> Result<(), FallbackReason> {
     let float = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16);
     let shared = |all: Vec<&Array>| {
         let d = all[0].dtype();
@@ -119,8 +137,7 @@ pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackR
     };
     // Norms and scales may differ (f32 norms with f16 scales: the GGUF
     // layout with f32 activations); within each group one dtype.
-    if x_dtype != Dtype::F32
-        || shared(layer.norm_params()).is_none()
+    if shared(layer.norm_params()).is_none()
         || shared(layer.quant_params()).is_none()
         || layer.rope.freqs.is_some_and(|f| f.dtype() != Dtype::F32)
     {
@@ -140,24 +157,10 @@ pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackR
     Ok(())
 }
 
-fn eligibility_with_caches(
-    x: &Array,
-    layer: &DecoderLayer,
-    caches: &[(&Array, &Array)],
-) -> Result<(), FallbackReason> {
-    eligibility(x.dtype(), layer)?;
-    if caches
-        .iter()
-        .any(|(k, v)| k.dtype() != Dtype::F32 || v.dtype() != Dtype::F32)
-    {
-        return Err(FallbackReason::UnsupportedDtype);
-    }
-    Ok(())
-}
-
 /// Runs the block for `x [B, 1, H]`; `caches[b]` and `offsets[b]` are row
 /// `b`'s keys, values and cached length. Returns `out [B, 1, H]` and the
-/// updated `(keys, values)` of every row.
+/// updated `(keys, values)` of every row. (A stack of one block: a decode
+/// loop that runs many blocks keeps a [`DecoderStack`].)
 #[allow(clippy::type_complexity)]
 pub fn decoder_layer(
     x: &Array,
@@ -165,78 +168,187 @@ pub fn decoder_layer(
     caches: &[(&Array, &Array)],
     offsets: &[i32],
 ) -> Result<(Array, Vec<(Array, Array)>), OpError> {
-    let shape = x.shape();
-    let (batch, hidden) = match shape.as_slice() {
-        [b, 1, h] => (*b, *h),
-        _ => {
+    DecoderStack::new(std::slice::from_ref(layer))?.forward(x, caches, offsets)
+}
+
+/// Decoder blocks prepared once for decode steps: each block's weights are
+/// checked, evaluated and held by the stack, and a step runs consecutive
+/// blocks as one MLX node whose only inputs are x and the caches (every
+/// block in one node at batch 1; fewer per node as the batch grows, see
+/// [`DecoderStack::forward`]). (With each block's
+/// 24+ weight arrays as graph inputs and a node per block, building and
+/// walking the graph took about a fifth of a small model's decode step on
+/// CPU, before the first block could start.) The weights are constants of
+/// the node: vjp/jvp/vmap (through the same blocks built from MLX's ops)
+/// differentiate with respect to x and the caches only.
+pub struct DecoderStack {
+    inner: cxx::UniquePtr<ffi::DecoderStack>,
+    /// The weights' eligibility for the CPU kernel (all blocks).
+    weights: Result<(), FallbackReason>,
+    /// Per block: `(n_kv_heads, head_dim)`, the shape of its caches.
+    kv_shapes: Vec<(i32, i32)>,
+}
+
+impl DecoderStack {
+    /// Prepares `layers` (in order; block `l`'s output is block `l + 1`'s
+    /// input): checks each block's contract and evaluates its weights.
+    pub fn new(layers: &[DecoderLayer]) -> Result<DecoderStack, OpError> {
+        let err = |m: String| OpError::new("decoder_layer", m);
+        let first = layers
+            .first()
+            .ok_or_else(|| err("a stack needs one block or more".into()))?;
+        let hidden = first.input_norm.dim(0)?;
+        let mut inner = ffi::new_decoder_stack();
+        let mut weights = Ok(());
+        let mut kv_shapes = Vec::with_capacity(layers.len());
+        for (l, layer) in layers.iter().enumerate() {
+            if layer.input_norm.dim(0)? != hidden {
+                return Err(err(format!(
+                    "block {l}: hidden size differs from block 0's"
+                )));
+            }
+            let spec = ffi::DecoderLayerSpec {
+                batch: 0,
+                hidden: hidden.max(0) as usize,
+                intermediate: layer.projections[4].weight.dim(0)?.max(0) as usize,
+                n_heads: layer.n_heads.max(0) as usize,
+                n_kv_heads: layer.n_kv_heads.max(0) as usize,
+                head_dim: layer.head_dim.max(0) as usize,
+                eps: layer.eps,
+                attn_scale: layer.attn_scale,
+                rope_dims: layer.rope.dims.max(0) as usize,
+                rope_traditional: layer.rope.traditional,
+                rope_base: layer.rope.base,
+                rope_scale: layer.rope.scale,
+                rope_mscale: layer.rope.mscale,
+                has_freqs: layer.rope.freqs.is_some(),
+                has_qkv_bias: layer.qkv_bias.is_some(),
+                has_qk_norm: layer.qk_norm.is_some(),
+                activations: layer.activations.code(),
+                params_dtype: 0,
+                norms_dtype: 0,
+            };
+            let quant: Vec<i32> = layer
+                .projections
+                .iter()
+                .flat_map(|p| [p.bits, p.group_size])
+                .collect();
+            ffi::decoder_stack_push(inner.pin_mut(), &list(&layer.params()), &spec, &quant)
+                .map_err(OpError::from_cxx("decoder_layer"))?;
+            if weights.is_ok() {
+                weights = weights_eligibility(layer);
+            }
+            kv_shapes.push((layer.n_kv_heads, layer.head_dim));
+        }
+        Ok(DecoderStack {
+            inner,
+            weights,
+            kv_shapes,
+        })
+    }
+
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.kv_shapes.len()
+    }
+
+    /// Always false: a stack has one block or more.
+    pub fn is_empty(&self) -> bool {
+        self.kv_shapes.is_empty()
+    }
+
+    /// Block `l`'s `(n_kv_heads, head_dim)`.
+    pub fn kv_shape(&self, l: usize) -> Option<(i32, i32)> {
+        self.kv_shapes.get(l).copied()
+    }
+
+    /// Whether the CPU kernel takes activations of `x_dtype` with these
+    /// weights on the current stream.
+    pub fn eligibility(&self, x_dtype: Dtype) -> Result<(), FallbackReason> {
+        activation_eligibility(x_dtype)?;
+        self.weights
+    }
+
+    /// Runs every block for `x [B, 1, H]`. `caches` and `offsets` are
+    /// block-major: entry `l * B + b` is row `b`'s keys and values in block
+    /// `l` and its cached length. Returns `out [B, 1, H]` and the updated
+    /// caches in the same order. The registry counts each node built (one
+    /// per step at batch 1).
+    #[allow(clippy::type_complexity)]
+    pub fn forward(
+        &self,
+        x: &Array,
+        caches: &[(&Array, &Array)],
+        offsets: &[i32],
+    ) -> Result<(Array, Vec<(Array, Array)>), OpError> {
+        let shape = x.shape();
+        let batch = match shape.as_slice() {
+            [b, 1, _] => *b as usize,
+            _ => {
+                return Err(OpError::new(
+                    "decoder_layer",
+                    format!("x must be [B, 1, hidden], got {shape:?}"),
+                ))
+            }
+        };
+        let pairs = batch * self.len();
+        if caches.len() != pairs || offsets.len() != pairs {
             return Err(OpError::new(
                 "decoder_layer",
-                format!("x must be [B, 1, hidden], got {shape:?}"),
-            ))
+                format!(
+                    "{batch} rows and {} blocks need {pairs} caches and offsets, got {} and {}",
+                    self.len(),
+                    caches.len(),
+                    offsets.len()
+                ),
+            ));
         }
-    };
-    if caches.len() != batch as usize || offsets.len() != batch as usize {
-        return Err(OpError::new(
-            "decoder_layer",
-            format!(
-                "{batch} rows need {batch} caches and offsets, got {} and {}",
-                caches.len(),
-                offsets.len()
-            ),
-        ));
+        let eligibility = self.eligibility(x.dtype()).and_then(|()| {
+            caches
+                .iter()
+                .all(|(k, v)| k.dtype() == Dtype::F32 && v.dtype() == Dtype::F32)
+                .then_some(())
+                .ok_or(FallbackReason::UnsupportedDtype)
+        });
+        // Consecutive blocks share a node while it has at most
+        // MAX_NODE_CACHES caches: MLX gives every output of a node its own
+        // copy of the node's inputs, so one node over every block of a
+        // batch-8 step (481 inputs and outputs) spent milliseconds on them.
+        let per_node = (MAX_NODE_CACHES / (2 * batch).max(1)).max(1);
+        let mut h = x.clone();
+        let mut updated = Vec::with_capacity(caches.len());
+        for first in (0..self.len()).step_by(per_node) {
+            let count = per_node.min(self.len() - first);
+            let calls = first * batch..(first + count) * batch;
+            let cache_list: Vec<&Array> = caches[calls.clone()]
+                .iter()
+                .flat_map(|(k, v)| [*k, *v])
+                .collect();
+            let (out, rows) = build(Kernel::DecoderLayer, eligibility, |fused| {
+                let out = ffi::kernel_decoder_stack(
+                    h.inner(),
+                    &self.inner,
+                    first,
+                    count,
+                    &list(&cache_list),
+                    &offsets[calls],
+                    fused,
+                    stream(),
+                )
+                .map_err(OpError::from_cxx("decoder_layer"))?;
+                let mut arrays = unlist(&out).into_iter();
+                let out = arrays.next().expect("the op returns out first");
+                let mut rows = Vec::with_capacity(count * batch);
+                while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
+                    rows.push((k, v));
+                }
+                Ok((out, rows))
+            })?;
+            h = out;
+            updated.extend(rows);
+        }
+        Ok((h, updated))
     }
-    let intermediate = layer.projections[4].weight.dim(0)?;
-    let spec = ffi::DecoderLayerSpec {
-        batch: batch as usize,
-        hidden: hidden as usize,
-        intermediate: intermediate as usize,
-        n_heads: layer.n_heads.max(0) as usize,
-        n_kv_heads: layer.n_kv_heads.max(0) as usize,
-        head_dim: layer.head_dim.max(0) as usize,
-        eps: layer.eps,
-        attn_scale: layer.attn_scale,
-        rope_dims: layer.rope.dims.max(0) as usize,
-        rope_traditional: layer.rope.traditional,
-        rope_base: layer.rope.base,
-        rope_scale: layer.rope.scale,
-        rope_mscale: layer.rope.mscale,
-        has_freqs: layer.rope.freqs.is_some(),
-        has_qkv_bias: layer.qkv_bias.is_some(),
-        has_qk_norm: layer.qk_norm.is_some(),
-        activations: layer.activations.code(),
-        params_dtype: 0,
-        norms_dtype: 0,
-    };
-    let quant: Vec<i32> = layer
-        .projections
-        .iter()
-        .flat_map(|p| [p.bits, p.group_size])
-        .collect();
-    let cache_list: Vec<&Array> = caches.iter().flat_map(|(k, v)| [*k, *v]).collect();
-    build(
-        Kernel::DecoderLayer,
-        eligibility_with_caches(x, layer, caches),
-        |fused| {
-            let out = ffi::kernel_decoder_layer(
-                x.inner(),
-                &list(&layer.params()),
-                &list(&cache_list),
-                &spec,
-                &quant,
-                offsets,
-                fused,
-                stream(),
-            )
-            .map_err(OpError::from_cxx("decoder_layer"))?;
-            let mut arrays = unlist(&out).into_iter();
-            let out = arrays.next().expect("the op returns out first");
-            let mut rows = Vec::with_capacity(caches.len());
-            while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
-                rows.push((k, v));
-            }
-            Ok((out, rows))
-        },
-    )
 }
 
 /// Warmup inputs: shape `[B, H, I, n_heads, n_kv_heads, head_dim]`.
