@@ -51,7 +51,8 @@ const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
   --repeats       timed runs of each workload after one warm-up; the median is reported (default 3)
   --threads       threads for our rayon pool and for the peers (default 2)
   --rounds        run this backend and llama.cpp alternately this many times and report
-                  each workload's median over the rounds (default 1; mlx-lm runs once):
+                  each workload's median over the rounds, and as the ratio vs llama.cpp
+                  the median of each round's own ratio (default 1; mlx-lm runs once):
                   on a VM whose speed drifts by minutes, one run each can fall in
                   different phases
   --no-peers      skip mlx-lm and llama.cpp
@@ -165,6 +166,33 @@ impl Results {
                 .collect(),
             peak_memory: rounds.iter().map(|r| r.peak_memory).fold(0.0, f64::max),
         })
+    }
+
+    /// Each workload's median over the rounds of `ours / peer` within the
+    /// round: the two ran a few seconds apart, so a drift of the VM's speed
+    /// over minutes cancels in each round's ratio (a ratio of medians can
+    /// pair a fast phase of one with a slow phase of the other).
+    fn paired_ratios(ours: &[Results], peer: &[Results]) -> Option<Results> {
+        let pairs: Vec<Results> = ours
+            .iter()
+            .zip(peer)
+            .map(|(o, p)| {
+                let ratio = |mine: &Vec<(usize, f64)>, theirs: &Vec<(usize, f64)>| {
+                    mine.iter()
+                        .filter_map(|&(k, v)| {
+                            let t = theirs.iter().find(|x| x.0 == k)?.1;
+                            (t > 0.0).then_some((k, v / t))
+                        })
+                        .collect()
+                };
+                Results {
+                    prefill: ratio(&o.prefill, &p.prefill),
+                    decode: ratio(&o.decode, &p.decode),
+                    peak_memory: 0.0,
+                }
+            })
+            .collect();
+        Results::median_of(&pairs)
     }
 }
 
@@ -373,23 +401,31 @@ fn main() {
         }
     }
     if a.rounds > 1 {
-        // Each round's decode ratios, to show the spread the medians hide.
+        // Each round's ratios, to show the spread the medians hide.
         for (i, (o, l)) in ours_rounds.iter().zip(&llama_rounds).enumerate() {
-            let ratios: Vec<String> = o
-                .decode
-                .iter()
-                .filter_map(|&(b, v)| {
-                    let peer = l.decode.iter().find(|x| x.0 == b)?.1;
-                    Some(format!("batch {b} {:.2}x", v / peer))
-                })
-                .collect();
-            eprintln!(
-                "round {}: decode vs llama.cpp: {}",
-                i + 1,
-                ratios.join(", ")
-            );
+            let ratios: Vec<String> =
+                o.prefill
+                    .iter()
+                    .map(|&(n, v)| {
+                        (
+                            format!("prefill {n}"),
+                            v,
+                            l.prefill.iter().find(|x| x.0 == n),
+                        )
+                    })
+                    .chain(o.decode.iter().map(|&(b, v)| {
+                        (format!("batch {b}"), v, l.decode.iter().find(|x| x.0 == b))
+                    }))
+                    .filter_map(|(label, v, peer)| Some(format!("{label} {:.2}x", v / peer?.1)))
+                    .collect();
+            eprintln!("round {}: vs llama.cpp: {}", i + 1, ratios.join(", "));
         }
     }
+    // With several rounds, the llama.cpp ratios are medians of each round's
+    // own ratio.
+    let paired = (a.rounds > 1)
+        .then(|| Results::paired_ratios(&ours_rounds, &llama_rounds))
+        .flatten();
     let ours = Results::median_of(&ours_rounds).expect("at least one round");
     let mut peers: Vec<(&str, Results)> = Vec::new();
     if let Some(r) = Results::median_of(&llama_rounds) {
@@ -418,7 +454,11 @@ fn main() {
         a.threads,
         format!("{:?}", options.activations).to_lowercase(),
         if a.rounds > 1 {
-            format!(", medians of {} alternating rounds (mlx-lm: one)", a.rounds)
+            format!(
+                ", medians of {} alternating rounds (ratios vs llama.cpp: median of each \
+                 round's ratio; mlx-lm: one run)",
+                a.rounds
+            )
         } else {
             String::new()
         }
@@ -432,10 +472,14 @@ fn main() {
     println!("{header}\n{rule}");
     let row = |label: String, ours_v: f64, pick: &dyn Fn(&Results) -> Option<f64>| {
         let mut line = format!("| {label} | {ours_v:.1} tok/s |");
-        for (_, r) in &peers {
-            match pick(r) {
-                Some(v) if v > 0.0 => {
-                    line.push_str(&format!(" {v:.1} tok/s | {:.2}x |", ours_v / v))
+        for (name, r) in &peers {
+            let ratio = match (&paired, *name) {
+                (Some(p), "llama_cpp") => pick(p),
+                _ => pick(r).filter(|&v| v > 0.0).map(|v| ours_v / v),
+            };
+            match (pick(r), ratio) {
+                (Some(v), Some(ratio)) if v > 0.0 => {
+                    line.push_str(&format!(" {v:.1} tok/s | {ratio:.2}x |"))
                 }
                 _ => line.push_str(" - | - |"),
             }
