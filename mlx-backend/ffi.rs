@@ -25,6 +25,21 @@ pub(crate) mod bridge {
         device: DeviceSpec,
     }
 
+    /// What a decoder stack node starts from (`decoder_stack_cpu`).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct StackInput {
+        /// Token ids (`[B, 1]`, `tokens_dtype`) to look up in the stack's
+        /// embedding table, instead of x.
+        tokens: bool,
+        tokens_dtype: i32,
+        /// The table's quantization and the MLX dtype code of its scales
+        /// and biases.
+        bits: i32,
+        group_size: i32,
+        params_dtype: i32,
+        vocab: i32,
+    }
+
     /// The geometry of one decoder block for `decoder_stack_push` (`batch`
     /// is set per call by C++).
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -443,13 +458,22 @@ pub(crate) mod bridge {
             spec: &DecoderLayerSpec,
             quant: &[i32],
         ) -> Result<()>;
+        /// Checks, evaluates and sets the stack's token embedding table
+        /// (`[w, scales, biases]`, `[vocab, hidden]` quantized).
+        fn decoder_stack_set_embedding(
+            stack: Pin<&mut DecoderStack>,
+            table: &ArrayList,
+            bits: i32,
+            group_size: i32,
+        ) -> Result<()>;
         /// Blocks `first..first + count` of `stack` as one node, for decode
-        /// rows `x [B, 1, H]`; `caches` keys and values per block and row
-        /// (block-major), `offsets` per block and row. Returns `[out,
-        /// caches'...]`.
+        /// rows `x [B, 1, H]` (or token ids `[B, 1]` when `tokens`);
+        /// `caches` keys and values per block and row (block-major),
+        /// `offsets` per block and row. Returns `[out, caches'...]`.
         #[allow(clippy::too_many_arguments)]
         fn kernel_decoder_stack(
-            x: &array,
+            input: &array,
+            tokens: bool,
             stack: &DecoderStack,
             first: usize,
             count: usize,
@@ -562,13 +586,17 @@ pub(crate) mod bridge {
             k: usize,
             activations: i32,
         ) -> bool;
-        /// Every block of a stack in turn. `x`, `params` (each block's
+        /// Every block of a stack in turn, from x or (`input.tokens`) from
+        /// the rows of token ids in `embedding`'s table (w, scales,
+        /// biases). `x`, `params` (each block's
         /// `param_counts[l]` buffers, concatenated) and `outputs` (out, then
         /// keys and values per block and row): `(address, bytes)` pairs of
         /// MLX buffers. `quant`: 14 per block; `offsets`, `capacities`: per
         /// block and row.
         #[allow(clippy::too_many_arguments)]
         fn decoder_stack_cpu(
+            input: &StackInput,
+            embedding: &[usize],
             specs: &[DecoderLayerSpec],
             copied_caches: usize,
             quant: &[i32],

@@ -564,3 +564,77 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
     let (out, _) = stack.forward(&x, &refs, &offsets).unwrap();
     assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
 }
+
+/// Token ids looked up in the stack's quantized table inside the first
+/// node (8-bit and 4-bit tables, uint32 and int32 ids) against the blocks
+/// run from the rows MLX's own lookup gives (take, dequantize), built from
+/// MLX's ops; calls the table cannot serve are errors.
+#[test]
+fn token_ids_are_looked_up_in_the_first_node() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = Variant::default();
+    let weights: Vec<Weights> = (0..3).map(|l| weights(&v, 900 + 50 * l)).collect();
+    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+    let caps = [9, 20, 14];
+    let offsets_per_row = [8, 3, 13];
+    let cache: Vec<(Array, Array)> = (0..3).flat_map(|l| caches(&caps, 1100 + 10 * l)).collect();
+    let offsets: Vec<i32> = (0..3).flat_map(|_| offsets_per_row).collect();
+    let fresh = || -> Vec<(Array, Array)> {
+        cache
+            .iter()
+            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
+            .collect()
+    };
+    for (bits, seed) in [(8, 1200), (4, 1300)] {
+        let table = quantize(&normal(&[50, H], Dtype::F32, 0.0, 1.0, seed), 32, bits).unwrap();
+        let stack = DecoderStack::new(&layers)
+            .unwrap()
+            .with_embedding(&table)
+            .unwrap();
+        for ids in [
+            Array::from_slice(&[7u32, 49, 0], &[3, 1]).unwrap(),
+            Array::from_slice(&[7i32, 49, 0], &[3, 1]).unwrap(),
+        ] {
+            // The model's own lookup, then the blocks from MLX's ops.
+            registry::set_enabled(Kernel::DecoderLayer, false);
+            let rows = Quantized {
+                weight: table.weight.take(&ids, 0).unwrap(),
+                scales: table.scales.take(&ids, 0).unwrap(),
+                biases: table.biases.take(&ids, 0).unwrap(),
+                group_size: 32,
+                bits,
+            }
+            .dequantize()
+            .unwrap();
+            let owned = fresh();
+            let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+            let (want, want_rows) = stack.forward(&rows, &refs, &offsets).unwrap();
+            registry::set_enabled(Kernel::DecoderLayer, true);
+            let owned = fresh();
+            let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+            let before = registry::snapshot().get(Kernel::DecoderLayer).fused;
+            let (got, got_rows) = stack.forward_tokens(&ids, &refs, &offsets).unwrap();
+            drop(refs);
+            drop(owned);
+            got.eval().unwrap();
+            assert_eq!(
+                registry::snapshot().get(Kernel::DecoderLayer).fused - before,
+                1
+            );
+            assert_eq!(got.shape(), vec![3, 1, H]);
+            let err = max_rel_err(&got, &want, 1e-2);
+            assert!(err < 1e-3, "{bits}-bit table: out max rel err {err}");
+            for ((gk, gv), (wk, wv)) in got_rows.iter().zip(&want_rows) {
+                assert!(max_rel_err(gk, wk, 1e-2) < 1e-3 && max_rel_err(gv, wv, 1e-2) < 1e-3);
+            }
+        }
+    }
+    let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
+    let ids = Array::from_slice(&[1u32, 2, 3], &[3, 1]).unwrap();
+    let plain = DecoderStack::new(&layers).unwrap();
+    let err = plain.forward_tokens(&ids, &refs, &offsets).unwrap_err();
+    assert!(err.to_string().contains("embedding table"), "{err}");
+    let floats = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3, 1]).unwrap();
+    let err = plain.forward_tokens(&floats, &refs, &offsets).unwrap_err();
+    assert!(err.to_string().contains("token ids"), "{err}");
+}

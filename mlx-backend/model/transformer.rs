@@ -192,12 +192,12 @@ impl Transformer {
         } else {
             AttentionMask::None
         };
-        let mut h = self.embed_tokens.forward(tokens)?;
         if l == 1 && shape[0] == 1 {
-            if let Some(out) = self.fused_decode(&h, &mut [&mut *caches])? {
+            if let Some(out) = self.fused_decode(tokens, &mut [&mut *caches])? {
                 return Ok(out);
             }
         }
+        let mut h = self.embed_tokens.forward(tokens)?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache, mask)?;
         }
@@ -233,10 +233,10 @@ impl Transformer {
             .iter()
             .map(|c| c.first().map_or(0, |l| l.offset()))
             .collect();
-        let mut h = self.embed_tokens.forward(tokens)?;
-        if let Some(out) = self.fused_decode(&h, caches)? {
+        if let Some(out) = self.fused_decode(tokens, caches)? {
             return Ok(out);
         }
+        let mut h = self.embed_tokens.forward(tokens)?;
         let ragged = RaggedBatch::new(&lengths)?;
         for (i, layer) in self.layers.iter().enumerate() {
             let mut layer_caches: Vec<&mut LayerKvCache> =
@@ -254,19 +254,30 @@ impl Transformer {
         }
         let layers: Option<Vec<DecoderLayer<'_>>> = self.layers.iter().map(Block::fused).collect();
         let stack = match layers {
-            Some(layers) => Some(DecoderStack::new(&layers)?),
+            Some(layers) => {
+                let stack = DecoderStack::new(&layers)?;
+                // The lookup goes into the first node where the kernel
+                // takes the table and the rows are f32 (as the model's own
+                // lookup gives them).
+                Some(match &self.embed_tokens {
+                    Embedding::Quantized(q, _, crate::Dtype::F32) if matches!(q.bits, 4 | 8) => {
+                        stack.with_embedding(q)?
+                    }
+                    _ => stack,
+                })
+            }
             None => None,
         };
         Ok(self.decoder_stack.get_or_init(|| stack).as_ref())
     }
 
-    /// One decode step with every block in one fused node, from the
-    /// embedded tokens `h [B, 1, H]` (row `b` owning `rows[b]`); `None`
-    /// when the kernel is off or the blocks, activations or caches do not
-    /// qualify, and the blocks must run op by op.
+    /// One decode step through the fused blocks (see [`DecoderStack`]),
+    /// from `tokens [B, 1]` (row `b` owning `rows[b]`); `None` when the
+    /// kernel is off or the blocks, activations or caches do not qualify,
+    /// and the blocks must run op by op.
     fn fused_decode(
         &self,
-        h: &Array,
+        tokens: &Array,
         rows: &mut [&mut [LayerKvCache]],
     ) -> Result<Option<Array>, ForwardError> {
         if !registry::is_enabled(Kernel::DecoderLayer) || registry::has_failed(Kernel::DecoderLayer)
@@ -279,10 +290,16 @@ impl Transformer {
         let single_row = rows
             .iter()
             .all(|r| r.iter().all(|c| c.batch().is_none_or(|b| b == 1)));
-        if !single_row || stack.eligibility(h.dtype()).is_err() {
+        if !single_row || stack.eligibility(self.dtype()).is_err() {
             return Ok(None);
         }
-        let h = fused_steps(h, stack, rows)?;
+        let ids = matches!(tokens.dtype(), crate::Dtype::U32 | crate::Dtype::I32);
+        let h = if stack.has_embedding() && ids {
+            fused_steps(StackStart::Tokens(tokens), self.dtype(), stack, rows)?
+        } else {
+            let h = self.embed_tokens.forward(tokens)?;
+            fused_steps(StackStart::Rows(&h), self.dtype(), stack, rows)?
+        };
         self.head(&h).map(Some)
     }
 
@@ -328,10 +345,19 @@ impl Transformer {
     }
 }
 
-/// Runs every block as one fused node over every row's caches. On an
-/// error each cache gets its arrays back unchanged.
+/// What the fused blocks start from.
+enum StackStart<'a> {
+    /// The embedded rows `[B, 1, H]`.
+    Rows(&'a Array),
+    /// Token ids `[B, 1]`, looked up in the stack's table.
+    Tokens(&'a Array),
+}
+
+/// Runs the blocks as fused nodes over every row's caches (of `dtype`, the
+/// activations'). On an error each cache gets its arrays back unchanged.
 fn fused_steps(
-    x: &Array,
+    start: StackStart,
+    dtype: crate::Dtype,
     stack: &DecoderStack,
     rows: &mut [&mut [LayerKvCache]],
 ) -> Result<Array, OpError> {
@@ -345,7 +371,7 @@ fn fused_steps(
     for layer in 0..stack.len() {
         let (heads, dim) = stack.kv_shape(layer).expect("layer < len");
         for r in 0..rows.len() {
-            match rows[r][layer].take_for_decode(heads, dim, x.dtype()) {
+            match rows[r][layer].take_for_decode(heads, dim, dtype) {
                 Ok(t) => taken.push(t),
                 Err(e) => {
                     restore(rows, taken);
@@ -357,7 +383,10 @@ fn fused_steps(
     let offsets: Vec<i32> = taken.iter().map(|t| t.2).collect();
     let result = {
         let refs: Vec<(&Array, &Array)> = taken.iter().map(|(k, v, _)| (k, v)).collect();
-        stack.forward(x, &refs, &offsets)
+        match start {
+            StackStart::Rows(x) => stack.forward(x, &refs, &offsets),
+            StackStart::Tokens(t) => stack.forward_tokens(t, &refs, &offsets),
+        }
     };
     match result {
         Ok((out, updated)) => {

@@ -80,17 +80,12 @@ void check_params(const std::vector<array>& params, const LayerConfig& c) {
   }
 }
 
-// x and block `c`'s caches (`caches[2b]`, `caches[2b + 1]` for row b).
-void check_call(const array& x, const array* caches, const LayerConfig& c, int layer) {
-  if (x.ndim() != 3 || x.shape(1) != 1 || x.shape(0) < 1) {
-    fail("x must be [B, 1, hidden] (one decode token per row), got " + shape_str(x.shape()));
-  }
-  if (!is_float(x.dtype())) {
-    fail("x must be a float array");
-  }
-  if (x.shape(0) != c.batch || x.shape(2) != c.hidden) {
-    fail("x " + shape_str(x.shape()) + " does not match batch " + std::to_string(c.batch) +
-         " and hidden " + std::to_string(c.hidden) + " of block " + std::to_string(layer));
+// Block `c` for rows of `hidden` features in `dtype`, and its caches
+// (`caches[2b]`, `caches[2b + 1]` for row b).
+void check_call(int hidden, mx::Dtype dtype, const array* caches, const LayerConfig& c, int layer) {
+  if (hidden != c.hidden) {
+    fail("x has " + std::to_string(hidden) + " features, block " + std::to_string(layer) +
+         " takes " + std::to_string(c.hidden));
   }
   for (int b = 0; b < c.batch; ++b) {
     const auto& k = caches[2 * b];
@@ -102,7 +97,7 @@ void check_call(const array& x, const array* caches, const LayerConfig& c, int l
            ", capacity, " + std::to_string(c.head_dim) + "], got " + shape_str(k.shape()) +
            " and " + shape_str(v.shape()));
     }
-    if (k.dtype() != x.dtype() || v.dtype() != x.dtype()) {
+    if (k.dtype() != dtype || v.dtype() != dtype) {
       fail("caches must have x's dtype");
     }
     if (c.offsets[b] < 0 || c.offsets[b] >= k.shape(2)) {
@@ -260,9 +255,30 @@ struct PreparedLayer {
   DecoderLayerSpec spec;
 };
 
+// The token embedding table of a DecoderStack.
+struct PreparedEmbedding {
+  // w, scales, biases: evaluated and row-contiguous.
+  std::vector<array> params;
+  std::vector<size_t> table;
+  int bits;
+  int group_size;
+  int vocab;
+  int hidden;
+};
+
 namespace {
 
 using Layers = std::vector<std::shared_ptr<const PreparedLayer>>;
+
+// Rows of the table for token ids [B, 1], in f32: the model's own lookup
+// (take, then dequantize with the scales widened first).
+array embedding_fallback(const array& ids, const PreparedEmbedding& e, mx::Stream s) {
+  const auto& p = e.params;
+  return mx::dequantize(
+      mx::take(p[0], ids, 0, s), mx::astype(mx::take(p[1], ids, 0, s), mx::float32, s),
+      mx::astype(mx::take(p[2], ids, 0, s), mx::float32, s), e.group_size, e.bits, "affine",
+      std::nullopt, std::nullopt, s);
+}
 
 // Block l's configuration for a call over `batch` rows.
 LayerConfig call_config(const PreparedLayer& layer, int batch, const std::vector<int>& offsets, size_t l) {
@@ -272,14 +288,16 @@ LayerConfig call_config(const PreparedLayer& layer, int batch, const std::vector
   return c;
 }
 
-// The blocks from MLX's ops, one after the other: `in` is [x, caches...].
+// The blocks from MLX's ops, one after the other: `in` is [x, caches...]
+// (token ids instead of x with an embedding).
 std::vector<array> stack_fallback(
     const std::vector<array>& in,
     const Layers& layers,
+    const std::shared_ptr<const PreparedEmbedding>& embedding,
     int batch,
     const std::vector<int>& offsets,
     mx::Stream s) {
-  array h = in[0];
+  array h = embedding ? embedding_fallback(in[0], *embedding, s) : in[0];
   std::vector<array> caches;
   for (size_t l = 0; l < layers.size(); ++l) {
     const auto& layer = *layers[l];
@@ -306,7 +324,7 @@ size_t LayerConfig::param_inputs() const {
 void DecoderStackPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
-  require_row_contiguous(inputs[0], "decoder_layer x");
+  require_row_contiguous(inputs[0], embedding_ ? "decoder_layer tokens" : "decoder_layer x");
   allocate(outputs[0]);
   // make_arrays gives every output its own copy of the inputs, so each cache
   // would be held once per output and never be donatable. Nothing reads the
@@ -358,8 +376,21 @@ void DecoderStackPrimitive::eval_cpu(
     capacities.push_back(inputs[c].shape(2));
   }
   std::vector<int32_t> offsets(offsets_.begin(), offsets_.end());
-  // The layers keep their parameters alive until the kernel has run.
-  enc.dispatch([layers = layers_, x = inputs[0], outputs, copies = std::move(copies),
+  StackInput input{};
+  std::vector<size_t> embedding;
+  if (embedding_) {
+    input.tokens = true;
+    input.tokens_dtype = static_cast<int32_t>(inputs[0].dtype().val());
+    input.bits = embedding_->bits;
+    input.group_size = embedding_->group_size;
+    input.params_dtype = static_cast<int32_t>(embedding_->params[1].dtype().val());
+    input.vocab = embedding_->vocab;
+    embedding = embedding_->table;
+  }
+  // The layers and the table keep their parameters alive until the kernel
+  // has run.
+  enc.dispatch([layers = layers_, table = embedding_, x = inputs[0], outputs, copies = std::move(copies),
+                input, embedding = std::move(embedding),
                 specs = std::move(specs), quant = std::move(quant), offsets = std::move(offsets),
                 capacities = std::move(capacities), x_table = std::move(x_table),
                 params = std::move(params), param_counts = std::move(param_counts),
@@ -370,6 +401,7 @@ void DecoderStackPrimitive::eval_cpu(
       std::memcpy(dst.data<uint8_t>(), dense.get().data<uint8_t>(), dst.nbytes());
     }
     if (!decoder_stack_cpu(
+            input, rust::Slice<const size_t>(embedding.data(), embedding.size()),
             rust::Slice<const DecoderLayerSpec>(specs.data(), specs.size()), copies.size(),
             rust::Slice<const int32_t>(quant.data(), quant.size()),
             rust::Slice<const int32_t>(offsets.data(), offsets.size()),
@@ -387,13 +419,15 @@ void DecoderStackPrimitive::eval_cpu(
 
 bool DecoderStackPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto o = dynamic_cast<const DecoderStackPrimitive*>(&other);
-  return o && o->layers_ == layers_ && o->batch_ == batch_ && o->offsets_ == offsets_;
+  return o && o->layers_ == layers_ && o->embedding_ == embedding_ && o->batch_ == batch_ &&
+      o->offsets_ == offsets_;
 }
 
 std::vector<mx::Shape> DecoderStackPrimitive::output_shapes(const std::vector<array>& inputs) {
-  std::vector<mx::Shape> shapes;
-  for (const auto& in : inputs) {
-    shapes.push_back(in.shape());
+  std::vector<mx::Shape> shapes{
+      embedding_ ? mx::Shape{batch_, 1, embedding_->hidden} : inputs[0].shape()};
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    shapes.push_back(inputs[i].shape());
   }
   return shapes;
 }
@@ -425,8 +459,37 @@ void decoder_stack_push(
   stack.layers.push_back(std::move(layer));
 }
 
+void decoder_stack_set_embedding(
+    DecoderStack& stack,
+    const ArrayList& table,
+    int32_t bits,
+    int32_t group_size) {
+  if (stack.layers.empty()) {
+    fail("push the blocks before the embedding table");
+  }
+  const int hidden = stack.layers[0]->config.hidden;
+  if (table.items.size() != 3) {
+    fail("the embedding table needs [w, scales, biases]");
+  }
+  auto e = std::make_shared<PreparedEmbedding>();
+  e->vocab = check_quant_matrix(kOp, "embedding", table.items, hidden, group_size, bits, {0});
+  e->bits = bits;
+  e->group_size = group_size;
+  e->hidden = hidden;
+  for (const auto& p : table.items) {
+    e->params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
+  }
+  mx::eval(e->params);
+  for (const auto& p : e->params) {
+    require_row_contiguous(p, "decoder_layer embedding");
+    push_buffer(e->table, p);
+  }
+  stack.embedding = std::move(e);
+}
+
 std::unique_ptr<ArrayList> kernel_decoder_stack(
-    const array& x,
+    const array& input,
+    bool tokens,
     const DecoderStack& stack,
     size_t first,
     size_t count,
@@ -439,10 +502,27 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
          " are not within the stack's " + std::to_string(stack.layers.size()));
   }
   Layers layers(stack.layers.begin() + first, stack.layers.begin() + first + count);
-  if (x.ndim() != 3) {
-    fail("x must be [B, 1, hidden] (one decode token per row), got " + shape_str(x.shape()));
+  std::shared_ptr<const PreparedEmbedding> embedding;
+  if (tokens) {
+    if (first != 0 || !stack.embedding) {
+      fail("token ids need the stack's embedding table and block 0");
+    }
+    embedding = stack.embedding;
+    if (input.ndim() != 2 || input.shape(1) != 1 ||
+        (input.dtype() != mx::uint32 && input.dtype() != mx::int32)) {
+      fail("token ids must be [B, 1] uint32 or int32, got " + shape_str(input.shape()));
+    }
+  } else if (input.ndim() != 3 || input.shape(1) != 1 || !is_float(input.dtype())) {
+    fail("x must be a float [B, 1, hidden] (one decode token per row), got " +
+         shape_str(input.shape()));
   }
-  const int batch = x.shape(0);
+  const int batch = input.shape(0);
+  if (batch < 1) {
+    fail("need one row or more");
+  }
+  // What the blocks see as x: the rows' width and dtype.
+  const int hidden = tokens ? stack.embedding->hidden : input.shape(2);
+  const mx::Dtype dtype = tokens ? mx::float32 : input.dtype();
   const size_t pairs = layers.size() * static_cast<size_t>(batch);
   if (caches.items.size() != 2 * pairs || offsets.size() != pairs) {
     fail("need keys, values and an offset per block and row: " + std::to_string(pairs) +
@@ -451,31 +531,32 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
   }
   std::vector<int> offs(offsets.begin(), offsets.end());
   for (size_t l = 0; l < layers.size(); ++l) {
-    check_call(x, caches.items.data() + 2 * l * batch, call_config(*layers[l], batch, offs, l), l);
+    check_call(hidden, dtype, caches.items.data() + 2 * l * batch, call_config(*layers[l], batch, offs, l), l);
   }
   auto s = to_stream(spec);
-  std::vector<array> inputs{x};
+  std::vector<array> inputs{input};
   inputs.insert(inputs.end(), caches.items.begin(), caches.items.end());
-  Fallback fallback = [layers, batch, offs, s](std::vector<array> in) {
-    return stack_fallback(in, layers, batch, offs, s);
+  Fallback fallback = [layers, embedding, batch, offs, s](std::vector<array> in) {
+    return stack_fallback(in, layers, embedding, batch, offs, s);
   };
   auto out = std::make_unique<ArrayList>();
   if (!fused) {
     out->items = fallback(inputs);
     return out;
   }
-  // x is read dense; the caches are not wrapped, so that their buffers can
-  // be donated.
+  // x (or the ids) is read dense; the caches are not wrapped, so that their
+  // buffers can be donated.
   inputs[0] = dense_input(inputs[0], s);
-  std::vector<mx::Shape> shapes;
-  std::vector<mx::Dtype> dtypes;
-  for (const auto& in : inputs) {
-    shapes.push_back(in.shape());
-    dtypes.push_back(in.dtype());
+  std::vector<mx::Shape> shapes{{batch, 1, hidden}};
+  std::vector<mx::Dtype> dtypes{dtype};
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    shapes.push_back(inputs[i].shape());
+    dtypes.push_back(inputs[i].dtype());
   }
   out->items = array::make_arrays(
       std::move(shapes), dtypes,
-      std::make_shared<DecoderStackPrimitive>(s, std::move(fallback), layers, batch, std::move(offs)),
+      std::make_shared<DecoderStackPrimitive>(
+          s, std::move(fallback), layers, std::move(embedding), batch, std::move(offs)),
       inputs);
   return out;
 }

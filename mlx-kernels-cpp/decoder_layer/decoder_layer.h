@@ -43,9 +43,11 @@ struct LayerConfig {
   size_t param_inputs() const;
 };
 
-// One block's parameters, checked, evaluated and made dense once (defined
-// in decoder_layer.cpp).
+// One block's parameters, checked, evaluated and made dense once; the
+// optional token embedding table in front of the blocks (both defined in
+// decoder_layer.cpp).
 struct PreparedLayer;
+struct PreparedEmbedding;
 
 // Decoder blocks prepared for decode steps. The stack Primitive holds the
 // blocks' parameters as constants of the node, so that a step's graph has
@@ -55,11 +57,14 @@ struct PreparedLayer;
 class DecoderStack {
  public:
   std::vector<std::shared_ptr<const PreparedLayer>> layers;
+  // When set, a node that starts at block 0 may take token ids and look
+  // their rows up itself (one node instead of MLX's take and dequantize).
+  std::shared_ptr<const PreparedEmbedding> embedding;
 };
 
 // Inputs: [x, keys_(0,0), values_(0,0), keys_(0,1), ...] (the caches of
-// block l and row b at 1 + 2 (l B + b)); outputs: [out, caches...] in the
-// same order (each cache updated at its offset; a donatable cache buffer
+// block l and row b at 1 + 2 (l B + b)), or token ids [B, 1] instead of x
+// when `embedding` is set; outputs: [out, caches...] in the same order (each cache updated at its offset; a donatable cache buffer
 // is reused, otherwise copied first). Runs every block of the stack in
 // turn, block l's output feeding block l + 1.
 class DecoderStackPrimitive : public FallbackPrimitive {
@@ -68,10 +73,12 @@ class DecoderStackPrimitive : public FallbackPrimitive {
       mlx::core::Stream s,
       Fallback f,
       std::vector<std::shared_ptr<const PreparedLayer>> layers,
+      std::shared_ptr<const PreparedEmbedding> embedding,
       int batch,
       std::vector<int> offsets)
       : FallbackPrimitive(s, std::move(f)),
         layers_(std::move(layers)),
+        embedding_(std::move(embedding)),
         batch_(batch),
         offsets_(std::move(offsets)) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
@@ -83,6 +90,8 @@ class DecoderStackPrimitive : public FallbackPrimitive {
 
  private:
   std::vector<std::shared_ptr<const PreparedLayer>> layers_;
+  // Set when the first input is token ids.
+  std::shared_ptr<const PreparedEmbedding> embedding_;
   int batch_;
   // Per block and row (block-major): the cached length.
   std::vector<int> offsets_;
@@ -97,11 +106,20 @@ void decoder_stack_push(
     const ArrayList& params,
     const DecoderLayerSpec& spec,
     rust::Slice<const int32_t> quant);
-// Blocks first..first + count of `stack` as one node. Returns [out,
+// Checks, evaluates and sets the quantized token embedding table ([w,
+// scales, biases] of [vocab, hidden]).
+void decoder_stack_set_embedding(
+    DecoderStack& stack,
+    const ArrayList& table,
+    int32_t bits,
+    int32_t group_size);
+// Blocks first..first + count of `stack` as one node; `input` is x, or
+// token ids when `tokens` (first must be 0 and the stack hold a table). Returns [out,
 // caches...] as DecoderStackPrimitive's outputs; `offsets` per block and
 // row (block-major).
 std::unique_ptr<ArrayList> kernel_decoder_stack(
-    const array& x,
+    const array& input,
+    bool tokens,
     const DecoderStack& stack,
     size_t first,
     size_t count,

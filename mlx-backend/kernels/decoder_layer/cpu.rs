@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::ops::Range;
 
-use crate::ffi::DecoderLayerSpec;
+use crate::dtype::Dtype;
+use crate::ffi::{DecoderLayerSpec, StackInput};
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::simd::Element;
@@ -515,6 +516,8 @@ pub fn cache_copies() -> u64 {
 /// projection and block; `offsets`/`capacities` per block and row.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_stack_cpu(
+    input: &StackInput,
+    embedding: &[usize],
     specs: &[DecoderLayerSpec],
     copied_caches: usize,
     quant: &[i32],
@@ -546,7 +549,26 @@ pub(crate) fn decoder_stack_cpu(
         check_len("offsets", offsets.len(), per_call)?;
         check_len("capacities", capacities.len(), per_call)?;
         check_len("param_counts", param_counts.len(), Some(layers))?;
-        let x = Buffers { table: x, next: 0 }.typed::<f32>("x")?;
+        let mut first = Buffers { table: x, next: 0 };
+        // Looked-up rows of token ids, when the node starts from them.
+        let rows_of_tokens;
+        let x = if input.tokens {
+            let ids: Vec<u32> = match Dtype::from_code(input.tokens_dtype) {
+                Some(Dtype::U32) => first.typed::<u32>("tokens")?.to_vec(),
+                Some(Dtype::I32) => first
+                    .typed::<i32>("tokens")?
+                    .iter()
+                    .map(|&t| u32::try_from(t).unwrap_or(u32::MAX))
+                    .collect(),
+                other => return Err(KernelError::Unsupported(format!("token ids of {other:?}"))),
+            };
+            check_len("tokens", ids.len(), Some(batch))?;
+            let pk = FloatKind::from_code(input.params_dtype)?;
+            rows_of_tokens = with_float!(pk, P => embed_rows::<P>(input, embedding, &ids, hidden))?;
+            rows_of_tokens.as_slice()
+        } else {
+            first.typed::<f32>("x")?
+        };
         let mut outs = Buffers {
             table: outputs,
             next: 0,
@@ -588,6 +610,58 @@ pub(crate) fn decoder_stack_cpu(
         }
         Ok(())
     })
+}
+
+/// The rows of `ids` in the quantized table `embedding` (w, scales,
+/// biases of `[vocab, hidden]`), in f32 and natural order: MLX's
+/// dequantize of the taken rows (`scale · q + bias`, the scales widened to
+/// f32 first).
+fn embed_rows<P: Element>(
+    input: &StackInput,
+    embedding: &[usize],
+    ids: &[u32],
+    hidden: usize,
+) -> Result<Vec<f32>, KernelError> {
+    let (bits, group) = (input.bits, input.group_size);
+    if !matches!(bits, 2 | 4 | 8) || group <= 0 || !hidden.is_multiple_of(group as usize) {
+        return Err(KernelError::Unsupported(format!(
+            "embedding: bits {bits}, group_size {group}, hidden {hidden}"
+        )));
+    }
+    let (bits, group) = (bits as usize, group as usize);
+    let vocab = usize::try_from(input.vocab).unwrap_or(0);
+    let mut table = Buffers {
+        table: embedding,
+        next: 0,
+    };
+    let w = table.typed::<u32>("embedding")?;
+    let scales = table.typed::<P>("embedding scales")?;
+    let biases = table.typed::<P>("embedding biases")?;
+    let (words, groups) = (hidden * bits / 32, hidden / group);
+    check_len("embedding", w.len(), vocab.checked_mul(words))?;
+    check_len("embedding scales", scales.len(), vocab.checked_mul(groups))?;
+    check_len("embedding biases", biases.len(), vocab.checked_mul(groups))?;
+    let (per_word, mask) = (32 / bits, (1u32 << bits) - 1);
+    let mut out = vec![0.0f32; ids.len() * hidden];
+    for (row, &id) in out.chunks_exact_mut(hidden).zip(ids) {
+        let t = id as usize;
+        if t >= vocab {
+            return Err(KernelError::Shape(format!(
+                "token id {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let (w, s, b) = (
+            &w[t * words..][..words],
+            &scales[t * groups..][..groups],
+            &biases[t * groups..][..groups],
+        );
+        for (i, v) in row.iter_mut().enumerate() {
+            let q = (w[i / per_word] >> (bits * (i % per_word))) & mask;
+            let g = i / group;
+            *v = s[g].to_f32() * q as f32 + b[g].to_f32();
+        }
+    }
+    Ok(out)
 }
 
 /// One block's part of [`decoder_stack_cpu`]'s arguments.

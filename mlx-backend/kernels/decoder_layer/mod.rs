@@ -187,6 +187,8 @@ pub struct DecoderStack {
     weights: Result<(), FallbackReason>,
     /// Per block: `(n_kv_heads, head_dim)`, the shape of its caches.
     kv_shapes: Vec<(i32, i32)>,
+    /// The token embedding table's eligibility, once one is set.
+    embedding: Option<Result<(), FallbackReason>>,
 }
 
 impl DecoderStack {
@@ -244,7 +246,37 @@ impl DecoderStack {
             inner,
             weights,
             kv_shapes,
+            embedding: None,
         })
+    }
+
+    /// Puts the lookup of token ids in the quantized table `table`
+    /// (`[vocab, hidden]`) in front of the blocks, for
+    /// [`DecoderStack::forward_tokens`]: rows as the model's own lookup
+    /// gives them (taken, then dequantized in f32), one node instead of a
+    /// take and dequantize per step.
+    pub fn with_embedding(mut self, table: &Quantized) -> Result<DecoderStack, OpError> {
+        ffi::decoder_stack_set_embedding(
+            self.inner.pin_mut(),
+            &list(&[&table.weight, &table.scales, &table.biases]),
+            table.bits,
+            table.group_size,
+        )
+        .map_err(OpError::from_cxx("decoder_layer"))?;
+        let float = matches!(table.scales.dtype(), Dtype::F32 | Dtype::F16 | Dtype::BF16);
+        self.embedding = Some(if !float || table.biases.dtype() != table.scales.dtype() {
+            Err(FallbackReason::UnsupportedDtype)
+        } else if !matches!(table.bits, 4 | 8) {
+            Err(FallbackReason::UnsupportedQuantization)
+        } else {
+            Ok(())
+        });
+        Ok(self)
+    }
+
+    /// Whether [`DecoderStack::with_embedding`] set a table.
+    pub fn has_embedding(&self) -> bool {
+        self.embedding.is_some()
     }
 
     /// Number of blocks.
@@ -291,6 +323,54 @@ impl DecoderStack {
                 ))
             }
         };
+        let eligibility = self.eligibility(x.dtype());
+        self.run(x, false, batch, eligibility, caches, offsets)
+    }
+
+    /// [`DecoderStack::forward`] from token ids `[B, 1]` (uint32 or int32)
+    /// looked up in the table of [`DecoderStack::with_embedding`], in the
+    /// first node.
+    #[allow(clippy::type_complexity)]
+    pub fn forward_tokens(
+        &self,
+        tokens: &Array,
+        caches: &[(&Array, &Array)],
+        offsets: &[i32],
+    ) -> Result<(Array, Vec<(Array, Array)>), OpError> {
+        let shape = tokens.shape();
+        let batch = match (shape.as_slice(), tokens.dtype()) {
+            ([b, 1], Dtype::U32 | Dtype::I32) => *b as usize,
+            _ => {
+                return Err(OpError::new(
+                    "decoder_layer",
+                    format!(
+                        "token ids must be [B, 1] uint32 or int32, got {shape:?} {}",
+                        tokens.dtype()
+                    ),
+                ))
+            }
+        };
+        let Some(table) = self.embedding else {
+            return Err(OpError::new(
+                "decoder_layer",
+                "token ids need an embedding table (DecoderStack::with_embedding)",
+            ));
+        };
+        // The looked-up rows are f32.
+        let eligibility = table.and_then(|()| self.eligibility(Dtype::F32));
+        self.run(tokens, true, batch, eligibility, caches, offsets)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run(
+        &self,
+        input: &Array,
+        tokens: bool,
+        batch: usize,
+        eligibility: Result<(), FallbackReason>,
+        caches: &[(&Array, &Array)],
+        offsets: &[i32],
+    ) -> Result<(Array, Vec<(Array, Array)>), OpError> {
         let pairs = batch * self.len();
         if caches.len() != pairs || offsets.len() != pairs {
             return Err(OpError::new(
@@ -303,7 +383,7 @@ impl DecoderStack {
                 ),
             ));
         }
-        let eligibility = self.eligibility(x.dtype()).and_then(|()| {
+        let eligibility = eligibility.and_then(|()| {
             caches
                 .iter()
                 .all(|(k, v)| k.dtype() == Dtype::F32 && v.dtype() == Dtype::F32)
@@ -315,7 +395,7 @@ impl DecoderStack {
         // copy of the node's inputs, so one node over every block of a
         // batch-8 step (481 inputs and outputs) spent milliseconds on them.
         let per_node = (MAX_NODE_CACHES / (2 * batch).max(1)).max(1);
-        let mut h = x.clone();
+        let mut h = input.clone();
         let mut updated = Vec::with_capacity(caches.len());
         for first in (0..self.len()).step_by(per_node) {
             let count = per_node.min(self.len() - first);
@@ -327,6 +407,7 @@ impl DecoderStack {
             let (out, rows) = build(Kernel::DecoderLayer, eligibility, |fused| {
                 let out = ffi::kernel_decoder_stack(
                     h.inner(),
+                    tokens && first == 0,
                     &self.inner,
                     first,
                     count,
