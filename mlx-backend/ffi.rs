@@ -40,6 +40,23 @@ pub(crate) mod bridge {
         vocab: i32,
     }
 
+    /// The final norm and quantized head a decoder stack node may end with
+    /// (`decoder_stack_cpu`).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    struct StackHead {
+        /// Whether the node ends with them (f32 logits instead of x).
+        head: bool,
+        bits: i32,
+        group_size: i32,
+        /// MLX dtype codes of the head's scales and biases, and of the norm.
+        params_dtype: i32,
+        norm_dtype: i32,
+        eps: f32,
+        /// `ActivationPrecision` code of the head's matmul.
+        activations: i32,
+        vocab: i32,
+    }
+
     /// The geometry of one decoder block for `decoder_stack_push` (`batch`
     /// is set per call by C++).
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -466,6 +483,16 @@ pub(crate) mod bridge {
             bits: i32,
             group_size: i32,
         ) -> Result<()>;
+        /// Checks, evaluates and sets the stack's final norm and quantized
+        /// head (`[norm, w, scales, biases]`, w `[vocab, hidden]`).
+        fn decoder_stack_set_head(
+            stack: Pin<&mut DecoderStack>,
+            params: &ArrayList,
+            eps: f32,
+            bits: i32,
+            group_size: i32,
+            activations: i32,
+        ) -> Result<()>;
         /// Blocks `first..first + count` of `stack` as one node, for decode
         /// rows `x [B, 1, H]` (or token ids `[B, 1]` when `tokens`);
         /// `caches` keys and values per block and row (block-major),
@@ -588,7 +615,8 @@ pub(crate) mod bridge {
         ) -> bool;
         /// Every block of a stack in turn, from x or (`input.tokens`) from
         /// the rows of token ids in `embedding`'s table (w, scales,
-        /// biases). `x`, `params` (each block's
+        /// biases), ending with the final norm and head (`head.head`;
+        /// `head_params`: norm, w, scales, biases) or not. `x`, `params` (each block's
         /// `param_counts[l]` buffers, concatenated) and `outputs` (out, then
         /// keys and values per block and row): `(address, bytes)` pairs of
         /// MLX buffers. `quant`: 14 per block; `offsets`, `capacities`: per
@@ -597,6 +625,8 @@ pub(crate) mod bridge {
         fn decoder_stack_cpu(
             input: &StackInput,
             embedding: &[usize],
+            head: &StackHead,
+            head_params: &[usize],
             specs: &[DecoderLayerSpec],
             copied_caches: usize,
             quant: &[i32],

@@ -638,3 +638,52 @@ fn token_ids_are_looked_up_in_the_first_node() {
     let err = plain.forward_tokens(&floats, &refs, &offsets).unwrap_err();
     assert!(err.to_string().contains("token ids"), "{err}");
 }
+
+/// A stack from token ids to logits (lookup, blocks, final norm and an
+/// 8-bit head in one node) against the same from MLX's ops: the logits'
+/// shape and values, and each cache.
+#[test]
+fn a_stack_with_a_head_returns_the_models_logits() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = Variant::default();
+    let weights: Vec<Weights> = (0..2).map(|l| weights(&v, 1500 + 50 * l)).collect();
+    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+    let caps = [11, 6];
+    let cache: Vec<(Array, Array)> = (0..2).flat_map(|l| caches(&caps, 1600 + 10 * l)).collect();
+    let offsets = [10, 2, 10, 2];
+    let table = quantize(&normal(&[70, H], Dtype::F32, 0.0, 1.0, 1700), 32, 8).unwrap();
+    let norm = normal(&[H], Dtype::F32, 1.0, 0.2, 1701);
+    let stack = DecoderStack::new(&layers)
+        .unwrap()
+        .with_embedding(&table)
+        .unwrap()
+        .with_head(&norm, 1e-5, &table, ActivationPrecision::Exact)
+        .unwrap();
+    assert!(stack.has_head() && stack.has_embedding());
+    let ids = Array::from_slice(&[69u32, 5], &[2, 1]).unwrap();
+    let run = |fused: bool| {
+        registry::set_enabled(Kernel::DecoderLayer, fused);
+        let owned: Vec<(Array, Array)> = cache
+            .iter()
+            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
+            .collect();
+        let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+        let (logits, rows) = stack.forward_tokens(&ids, &refs, &offsets).unwrap();
+        drop(refs);
+        drop(owned);
+        let mut all = vec![&logits];
+        all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
+        eval(&all).unwrap();
+        registry::set_enabled(Kernel::DecoderLayer, true);
+        (logits, rows)
+    };
+    let (want, want_rows) = run(false);
+    let (got, got_rows) = run(true);
+    assert_eq!(got.shape(), vec![2, 1, 70]);
+    assert_eq!(got.dtype(), Dtype::F32);
+    let err = max_rel_err(&got, &want, 1e-2);
+    assert!(err < 1e-3, "logits: max rel err {err}");
+    for ((gk, gv), (wk, wv)) in got_rows.iter().zip(&want_rows) {
+        assert!(max_rel_err(gk, wk, 1e-2) < 1e-3 && max_rel_err(gv, wv, 1e-2) < 1e-3);
+    }
+}

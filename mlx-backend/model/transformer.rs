@@ -259,11 +259,34 @@ impl Transformer {
                 // The lookup goes into the first node where the kernel
                 // takes the table and the rows are f32 (as the model's own
                 // lookup gives them).
-                Some(match &self.embed_tokens {
+                let stack = match &self.embed_tokens {
                     Embedding::Quantized(q, _, crate::Dtype::F32) if matches!(q.bits, 4 | 8) => {
                         stack.with_embedding(q)?
                     }
                     _ => stack,
+                };
+                // And the final norm and head go into the last node when the
+                // head is quantized (tied or not) and the kernel takes it.
+                let head = match (&self.lm_head, &self.embed_tokens) {
+                    (None, Embedding::Quantized(q, activations, _)) => Some((q, *activations)),
+                    (
+                        Some(Linear::Quantized {
+                            q,
+                            bias: None,
+                            activations,
+                        }),
+                        _,
+                    ) => Some((q, *activations)),
+                    _ => None,
+                };
+                let head = head.filter(|(q, _)| {
+                    matches!(q.bits, 4 | 8) && matches!(q.group_size, 32 | 64 | 128)
+                });
+                Some(match head {
+                    Some((q, activations)) => {
+                        stack.with_head(&self.norm.weight, self.norm.eps, q, activations)?
+                    }
+                    None => stack,
                 })
             }
             None => None,
@@ -294,13 +317,16 @@ impl Transformer {
             return Ok(None);
         }
         let ids = matches!(tokens.dtype(), crate::Dtype::U32 | crate::Dtype::I32);
-        let h = if stack.has_embedding() && ids {
+        let out = if stack.has_embedding() && ids {
             fused_steps(StackStart::Tokens(tokens), self.dtype(), stack, rows)?
         } else {
             let h = self.embed_tokens.forward(tokens)?;
             fused_steps(StackStart::Rows(&h), self.dtype(), stack, rows)?
         };
-        self.head(&h).map(Some)
+        if stack.has_head() {
+            return Ok(Some(out));
+        }
+        self.head(&out).map(Some)
     }
 
     fn head(&self, h: &Array) -> Result<Array, ForwardError> {

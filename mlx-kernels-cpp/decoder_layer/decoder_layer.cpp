@@ -266,9 +266,31 @@ struct PreparedEmbedding {
   int hidden;
 };
 
+// The final norm and head of a DecoderStack.
+struct PreparedHead {
+  // norm weight, w, scales, biases: evaluated and row-contiguous.
+  std::vector<array> params;
+  std::vector<size_t> table;
+  float eps;
+  int bits;
+  int group_size;
+  int activations;
+  int vocab;
+};
+
 namespace {
 
 using Layers = std::vector<std::shared_ptr<const PreparedLayer>>;
+
+// Logits in f32 for rows h: the model's own head (RMSNorm, then the
+// quantized matmul on f32 x).
+array head_fallback(const array& h, const PreparedHead& head, mx::Stream s) {
+  const auto& p = head.params;
+  auto x = mx::astype(mx::fast::rms_norm(h, p[0], head.eps, s), mx::float32, s);
+  return mx::astype(
+      mx::quantized_matmul(x, p[1], p[2], p[3], true, head.group_size, head.bits, "affine", s),
+      mx::float32, s);
+}
 
 // Rows of the table for token ids [B, 1], in f32: the model's own lookup
 // (take, then dequantize with the scales widened first).
@@ -294,6 +316,7 @@ std::vector<array> stack_fallback(
     const std::vector<array>& in,
     const Layers& layers,
     const std::shared_ptr<const PreparedEmbedding>& embedding,
+    const std::shared_ptr<const PreparedHead>& head,
     int batch,
     const std::vector<int>& offsets,
     mx::Stream s) {
@@ -309,7 +332,7 @@ std::vector<array> stack_fallback(
     h = out[0];
     caches.insert(caches.end(), out.begin() + 1, out.end());
   }
-  std::vector<array> out{h};
+  std::vector<array> out{head ? head_fallback(h, *head, s) : h};
   out.insert(out.end(), caches.begin(), caches.end());
   return out;
 }
@@ -387,10 +410,24 @@ void DecoderStackPrimitive::eval_cpu(
     input.vocab = embedding_->vocab;
     embedding = embedding_->table;
   }
+  StackHead head{};
+  std::vector<size_t> head_table;
+  if (head_) {
+    head.head = true;
+    head.bits = head_->bits;
+    head.group_size = head_->group_size;
+    head.params_dtype = static_cast<int32_t>(head_->params[2].dtype().val());
+    head.norm_dtype = static_cast<int32_t>(head_->params[0].dtype().val());
+    head.eps = head_->eps;
+    head.activations = head_->activations;
+    head.vocab = head_->vocab;
+    head_table = head_->table;
+  }
   // The layers and the table keep their parameters alive until the kernel
   // has run.
-  enc.dispatch([layers = layers_, table = embedding_, x = inputs[0], outputs, copies = std::move(copies),
-                input, embedding = std::move(embedding),
+  enc.dispatch([layers = layers_, table = embedding_, head_params = head_, x = inputs[0], outputs,
+                copies = std::move(copies), input, embedding = std::move(embedding), head,
+                head_table = std::move(head_table),
                 specs = std::move(specs), quant = std::move(quant), offsets = std::move(offsets),
                 capacities = std::move(capacities), x_table = std::move(x_table),
                 params = std::move(params), param_counts = std::move(param_counts),
@@ -401,7 +438,8 @@ void DecoderStackPrimitive::eval_cpu(
       std::memcpy(dst.data<uint8_t>(), dense.get().data<uint8_t>(), dst.nbytes());
     }
     if (!decoder_stack_cpu(
-            input, rust::Slice<const size_t>(embedding.data(), embedding.size()),
+            input, rust::Slice<const size_t>(embedding.data(), embedding.size()), head,
+            rust::Slice<const size_t>(head_table.data(), head_table.size()),
             rust::Slice<const DecoderLayerSpec>(specs.data(), specs.size()), copies.size(),
             rust::Slice<const int32_t>(quant.data(), quant.size()),
             rust::Slice<const int32_t>(offsets.data(), offsets.size()),
@@ -419,13 +457,15 @@ void DecoderStackPrimitive::eval_cpu(
 
 bool DecoderStackPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto o = dynamic_cast<const DecoderStackPrimitive*>(&other);
-  return o && o->layers_ == layers_ && o->embedding_ == embedding_ && o->batch_ == batch_ &&
+  return o && o->layers_ == layers_ && o->embedding_ == embedding_ && o->head_ == head_ &&
+      o->batch_ == batch_ &&
       o->offsets_ == offsets_;
 }
 
 std::vector<mx::Shape> DecoderStackPrimitive::output_shapes(const std::vector<array>& inputs) {
   std::vector<mx::Shape> shapes{
-      embedding_ ? mx::Shape{batch_, 1, embedding_->hidden} : inputs[0].shape()};
+      head_ ? mx::Shape{batch_, 1, head_->vocab}
+            : embedding_ ? mx::Shape{batch_, 1, embedding_->hidden} : inputs[0].shape()};
   for (size_t i = 1; i < inputs.size(); ++i) {
     shapes.push_back(inputs[i].shape());
   }
@@ -487,6 +527,39 @@ void decoder_stack_set_embedding(
   stack.embedding = std::move(e);
 }
 
+void decoder_stack_set_head(
+    DecoderStack& stack,
+    const ArrayList& params,
+    float eps,
+    int32_t bits,
+    int32_t group_size,
+    int32_t activations) {
+  if (stack.layers.empty()) {
+    fail("push the blocks before the head");
+  }
+  const int hidden = stack.layers[0]->config.hidden;
+  if (params.items.size() != 4) {
+    fail("the head needs [norm, w, scales, biases]");
+  }
+  check_vector(params.items[0], hidden, "final norm weight");
+  auto h = std::make_shared<PreparedHead>();
+  std::vector<array> q(params.items.begin() + 1, params.items.end());
+  h->vocab = check_quant_matrix(kOp, "head", q, hidden, group_size, bits, {0});
+  h->eps = eps;
+  h->bits = bits;
+  h->group_size = group_size;
+  h->activations = activations;
+  for (const auto& p : params.items) {
+    h->params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
+  }
+  mx::eval(h->params);
+  for (const auto& p : h->params) {
+    require_row_contiguous(p, "decoder_layer head");
+    push_buffer(h->table, p);
+  }
+  stack.head = std::move(h);
+}
+
 std::unique_ptr<ArrayList> kernel_decoder_stack(
     const array& input,
     bool tokens,
@@ -533,11 +606,15 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
   for (size_t l = 0; l < layers.size(); ++l) {
     check_call(hidden, dtype, caches.items.data() + 2 * l * batch, call_config(*layers[l], batch, offs, l), l);
   }
+  std::shared_ptr<const PreparedHead> head;
+  if (first + count == stack.layers.size()) {
+    head = stack.head;
+  }
   auto s = to_stream(spec);
   std::vector<array> inputs{input};
   inputs.insert(inputs.end(), caches.items.begin(), caches.items.end());
-  Fallback fallback = [layers, embedding, batch, offs, s](std::vector<array> in) {
-    return stack_fallback(in, layers, embedding, batch, offs, s);
+  Fallback fallback = [layers, embedding, head, batch, offs, s](std::vector<array> in) {
+    return stack_fallback(in, layers, embedding, head, batch, offs, s);
   };
   auto out = std::make_unique<ArrayList>();
   if (!fused) {
@@ -547,8 +624,8 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
   // x (or the ids) is read dense; the caches are not wrapped, so that their
   // buffers can be donated.
   inputs[0] = dense_input(inputs[0], s);
-  std::vector<mx::Shape> shapes{{batch, 1, hidden}};
-  std::vector<mx::Dtype> dtypes{dtype};
+  std::vector<mx::Shape> shapes{{batch, 1, head ? head->vocab : hidden}};
+  std::vector<mx::Dtype> dtypes{head ? mx::float32 : dtype};
   for (size_t i = 1; i < inputs.size(); ++i) {
     shapes.push_back(inputs[i].shape());
     dtypes.push_back(inputs[i].dtype());
@@ -556,7 +633,8 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
   out->items = array::make_arrays(
       std::move(shapes), dtypes,
       std::make_shared<DecoderStackPrimitive>(
-          s, std::move(fallback), layers, std::move(embedding), batch, std::move(offs)),
+          s, std::move(fallback), layers, std::move(embedding), std::move(head), batch,
+          std::move(offs)),
       inputs);
   return out;
 }

@@ -48,6 +48,7 @@ struct LayerConfig {
 // decoder_layer.cpp).
 struct PreparedLayer;
 struct PreparedEmbedding;
+struct PreparedHead;
 
 // Decoder blocks prepared for decode steps. The stack Primitive holds the
 // blocks' parameters as constants of the node, so that a step's graph has
@@ -60,6 +61,9 @@ class DecoderStack {
   // When set, a node that starts at block 0 may take token ids and look
   // their rows up itself (one node instead of MLX's take and dequantize).
   std::shared_ptr<const PreparedEmbedding> embedding;
+  // When set, the node that ends at the last block applies the final norm
+  // and the quantized head, and outputs f32 logits instead of x.
+  std::shared_ptr<const PreparedHead> head;
 };
 
 // Inputs: [x, keys_(0,0), values_(0,0), keys_(0,1), ...] (the caches of
@@ -74,11 +78,13 @@ class DecoderStackPrimitive : public FallbackPrimitive {
       Fallback f,
       std::vector<std::shared_ptr<const PreparedLayer>> layers,
       std::shared_ptr<const PreparedEmbedding> embedding,
+      std::shared_ptr<const PreparedHead> head,
       int batch,
       std::vector<int> offsets)
       : FallbackPrimitive(s, std::move(f)),
         layers_(std::move(layers)),
         embedding_(std::move(embedding)),
+        head_(std::move(head)),
         batch_(batch),
         offsets_(std::move(offsets)) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
@@ -92,6 +98,8 @@ class DecoderStackPrimitive : public FallbackPrimitive {
   std::vector<std::shared_ptr<const PreparedLayer>> layers_;
   // Set when the first input is token ids.
   std::shared_ptr<const PreparedEmbedding> embedding_;
+  // Set when the first output is logits.
+  std::shared_ptr<const PreparedHead> head_;
   int batch_;
   // Per block and row (block-major): the cached length.
   std::vector<int> offsets_;
@@ -113,8 +121,19 @@ void decoder_stack_set_embedding(
     const ArrayList& table,
     int32_t bits,
     int32_t group_size);
+// Checks, evaluates and sets the final RMSNorm and the quantized head
+// ([norm, w, scales, biases], w [vocab, hidden]).
+void decoder_stack_set_head(
+    DecoderStack& stack,
+    const ArrayList& params,
+    float eps,
+    int32_t bits,
+    int32_t group_size,
+    int32_t activations);
 // Blocks first..first + count of `stack` as one node; `input` is x, or
-// token ids when `tokens` (first must be 0 and the stack hold a table). Returns [out,
+// token ids when `tokens` (first must be 0 and the stack hold a table).
+// When the stack has a head and the node ends at its last block, the
+// first output is f32 logits [B, 1, vocab]. Returns [out,
 // caches...] as DecoderStackPrimitive's outputs; `offsets` per block and
 // row (block-major).
 std::unique_ptr<ArrayList> kernel_decoder_stack(

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::ops::Range;
 
 use crate::dtype::Dtype;
-use crate::ffi::{DecoderLayerSpec, StackInput};
+use crate::ffi::{DecoderLayerSpec, StackHead, StackInput};
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::quant::QuantMatrix;
 use crate::kernels::cpu::simd::Element;
@@ -518,6 +518,8 @@ pub fn cache_copies() -> u64 {
 pub(crate) fn decoder_stack_cpu(
     input: &StackInput,
     embedding: &[usize],
+    head: &StackHead,
+    head_params: &[usize],
     specs: &[DecoderLayerSpec],
     copied_caches: usize,
     quant: &[i32],
@@ -574,9 +576,10 @@ pub(crate) fn decoder_stack_cpu(
             next: 0,
         };
         let out = outs.typed_mut::<f32>("out")?;
-        // Block outputs between blocks: `carry` holds block l - 1's.
+        // Block outputs between blocks: `carry` holds block l - 1's (and,
+        // with a head, the last block's).
         let rows = batch * hidden;
-        let (mut carry, mut next) = if layers > 1 {
+        let (mut carry, mut next) = if layers > 1 || head.head {
             (vec![0.0f32; rows], vec![0.0f32; rows])
         } else {
             (Vec::new(), Vec::new())
@@ -597,7 +600,7 @@ pub(crate) fn decoder_stack_cpu(
                 params: own,
             };
             let src: &[f32] = if l == 0 { x } else { &carry };
-            let dst: &mut [f32] = if l + 1 == layers {
+            let dst: &mut [f32] = if l + 1 == layers && !head.head {
                 &mut *out
             } else {
                 &mut next
@@ -608,8 +611,63 @@ pub(crate) fn decoder_stack_cpu(
                 run_block::<P, N>(&block, &mut outs, src, dst)))?;
             std::mem::swap(&mut carry, &mut next);
         }
+        if head.head {
+            let pk = FloatKind::from_code(head.params_dtype)?;
+            let nk = FloatKind::from_code(head.norm_dtype)?;
+            with_float!(pk, P => with_float!(nk, N =>
+                run_head::<P, N>(head, head_params, &carry, batch, hidden, out)))?;
+        }
         Ok(())
     })
+}
+
+/// The final RMSNorm of rows `h [batch, hidden]` and the quantized head
+/// (`params`: norm, w, scales, biases), f32 logits into `out [batch,
+/// vocab]`: the model's head, with the head's activation precision.
+fn run_head<P: Element, N: Element>(
+    head: &StackHead,
+    params: &[usize],
+    h: &[f32],
+    batch: usize,
+    hidden: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let mut table = Buffers {
+        table: params,
+        next: 0,
+    };
+    let norm: Vec<f32> = table
+        .typed::<N>("final norm")?
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    check_len("final norm", norm.len(), Some(hidden))?;
+    let (bits, group) = (head.bits, head.group_size);
+    if bits <= 0 || group <= 0 {
+        return Err(KernelError::Unsupported(format!(
+            "head: bits {bits}, group_size {group}"
+        )));
+    }
+    let w = QuantMatrix {
+        w: table.typed::<u32>("head")?,
+        scales: table.typed::<P>("head scales")?,
+        biases: table.typed::<P>("head biases")?,
+        bits: bits as u32,
+        group_size: group as usize,
+    };
+    let vocab = usize::try_from(head.vocab).unwrap_or(0);
+    let mut xn = vec![0.0f32; batch * hidden];
+    rms_norm::<f32>(h, hidden, &norm, 1, &mut xn, batch, hidden, head.eps)?;
+    // Off the team: the matmul splits the head's rows over it.
+    quantized_matmul_with::<f32, P>(
+        &xn,
+        w,
+        out,
+        batch,
+        vocab,
+        hidden,
+        XPrecision::from_code(head.activations)?,
+    )
 }
 
 /// The rows of `ids` in the quantized table `embedding` (w, scales,

@@ -189,6 +189,8 @@ pub struct DecoderStack {
     kv_shapes: Vec<(i32, i32)>,
     /// The token embedding table's eligibility, once one is set.
     embedding: Option<Result<(), FallbackReason>>,
+    /// The final norm and head's eligibility, once they are set.
+    head: Option<Result<(), FallbackReason>>,
 }
 
 impl DecoderStack {
@@ -247,7 +249,52 @@ impl DecoderStack {
             weights,
             kv_shapes,
             embedding: None,
+            head: None,
         })
+    }
+
+    /// Ends the stack with the final RMSNorm (`norm [hidden]`, `eps`) and
+    /// the quantized head `head` (`[vocab, hidden]`, x in `activations`'
+    /// precision): the node that runs the last block then outputs f32
+    /// logits `[B, 1, vocab]` instead of x, as the model's own head gives
+    /// them (norm, then the quantized matmul on f32 x), without a norm and
+    /// a matmul node of their own.
+    pub fn with_head(
+        mut self,
+        norm: &Array,
+        eps: f32,
+        head: &Quantized,
+        activations: ActivationPrecision,
+    ) -> Result<DecoderStack, OpError> {
+        ffi::decoder_stack_set_head(
+            self.inner.pin_mut(),
+            &list(&[norm, &head.weight, &head.scales, &head.biases]),
+            eps,
+            head.bits,
+            head.group_size,
+            activations.code(),
+        )
+        .map_err(OpError::from_cxx("decoder_layer"))?;
+        let float = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+        self.head = Some(
+            if !float(norm.dtype())
+                || !float(head.scales.dtype())
+                || head.biases.dtype() != head.scales.dtype()
+            {
+                Err(FallbackReason::UnsupportedDtype)
+            } else if !matches!(head.bits, 4 | 8) || !matches!(head.group_size, 32 | 64 | 128) {
+                Err(FallbackReason::UnsupportedQuantization)
+            } else {
+                Ok(())
+            },
+        );
+        Ok(self)
+    }
+
+    /// Whether [`DecoderStack::with_head`] set a head: `forward` and
+    /// `forward_tokens` then return logits.
+    pub fn has_head(&self) -> bool {
+        self.head.is_some()
     }
 
     /// Puts the lookup of token ids in the quantized table `table`
@@ -295,17 +342,18 @@ impl DecoderStack {
     }
 
     /// Whether the CPU kernel takes activations of `x_dtype` with these
-    /// weights on the current stream.
+    /// weights (and head) on the current stream.
     pub fn eligibility(&self, x_dtype: Dtype) -> Result<(), FallbackReason> {
         activation_eligibility(x_dtype)?;
-        self.weights
+        self.weights?;
+        self.head.unwrap_or(Ok(()))
     }
 
     /// Runs every block for `x [B, 1, H]`. `caches` and `offsets` are
     /// block-major: entry `l * B + b` is row `b`'s keys and values in block
-    /// `l` and its cached length. Returns `out [B, 1, H]` and the updated
-    /// caches in the same order. The registry counts each node built (one
-    /// per step at batch 1).
+    /// `l` and its cached length. Returns `out [B, 1, H]` (f32 logits `[B,
+    /// 1, vocab]` with a head) and the updated caches in the same order.
+    /// The registry counts each node built (one per step at batch 1).
     #[allow(clippy::type_complexity)]
     pub fn forward(
         &self,
