@@ -503,6 +503,58 @@ fn tiny_model_decodes_through_fused_blocks_in_place() {
     assert_eq!(copies, 0);
 }
 
+/// What a stack starts from.
+enum Start<'a> {
+    Rows(&'a Array),
+    Tokens(&'a Array),
+}
+
+/// Runs `stack` with the kernel on or off over fresh copies of `cache`
+/// (block-major; copies, so the kernel may reuse their buffers), evaluates
+/// everything and returns the output, the updated caches and the fused
+/// nodes the registry counted.
+fn run_stack(
+    stack: &DecoderStack,
+    start: &Start,
+    cache: &[(Array, Array)],
+    offsets: &[i32],
+    fused: bool,
+) -> (Array, Vec<(Array, Array)>, u64) {
+    registry::set_enabled(Kernel::DecoderLayer, fused);
+    let owned: Vec<(Array, Array)> = cache
+        .iter()
+        .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
+        .collect();
+    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+    let before = registry::snapshot().get(Kernel::DecoderLayer).fused;
+    let (out, rows) = match start {
+        Start::Rows(x) => stack.forward(x, &refs, offsets),
+        Start::Tokens(ids) => stack.forward_tokens(ids, &refs, offsets),
+    }
+    .unwrap();
+    drop(refs);
+    drop(owned);
+    let mut all = vec![&out];
+    all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
+    eval(&all).unwrap();
+    let nodes = registry::snapshot().get(Kernel::DecoderLayer).fused - before;
+    registry::set_enabled(Kernel::DecoderLayer, true);
+    (out, rows, nodes)
+}
+
+/// The fused output and every cache within 1e-3 (relative, 1e-2 floor)
+/// of the reference.
+fn assert_close(got: &(Array, Vec<(Array, Array)>, u64), want: &(Array, Vec<(Array, Array)>, u64)) {
+    let err = max_rel_err(&got.0, &want.0, 1e-2);
+    assert!(err < 1e-3, "out: max rel err {err}");
+    assert_eq!(got.1.len(), want.1.len());
+    for (i, ((gk, gv), (wk, wv))) in got.1.iter().zip(&want.1).enumerate() {
+        let ek = max_rel_err(gk, wk, 1e-2);
+        let ev = max_rel_err(gv, wv, 1e-2);
+        assert!(ek < 1e-3 && ev < 1e-3, "cache {i}: keys {ek}, values {ev}");
+    }
+}
+
 /// A stack of blocks with their own weights and caches, block l's output
 /// feeding block l + 1: fused (in nodes of several blocks; at 5 rows, 6
 /// blocks per node, so 7 blocks take two nodes) against the same blocks
@@ -527,36 +579,11 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
         .collect();
     let offsets: Vec<i32> = (0..blocks).flat_map(|_| offsets_per_row).collect();
     let x = normal(&[caps.len() as i32, 1, H], Dtype::F32, 0.0, 1.0, 777);
-    let run = |fused: bool| {
-        registry::set_enabled(Kernel::DecoderLayer, fused);
-        let owned: Vec<(Array, Array)> = cache
-            .iter()
-            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
-            .collect();
-        let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-        let before = registry::snapshot().get(Kernel::DecoderLayer);
-        let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
-        drop(refs);
-        drop(owned);
-        let mut all = vec![&out];
-        all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
-        eval(&all).unwrap();
-        let after = registry::snapshot().get(Kernel::DecoderLayer);
-        registry::set_enabled(Kernel::DecoderLayer, true);
-        let nodes = if fused { 2 } else { 0 };
-        assert_eq!(after.fused - before.fused, nodes);
-        (out, rows)
-    };
-    let (want, want_rows) = run(false);
-    let (got, got_rows) = run(true);
-    let err = max_rel_err(&got, &want, 1e-2);
-    assert!(err < 1e-3, "out: max rel err {err}");
-    assert_eq!(got_rows.len(), cache.len());
-    for (i, ((gk, gv), (wk, wv))) in got_rows.iter().zip(&want_rows).enumerate() {
-        let ek = max_rel_err(gk, wk, 1e-2);
-        let ev = max_rel_err(gv, wv, 1e-2);
-        assert!(ek < 1e-3 && ev < 1e-3, "cache {i}: keys {ek}, values {ev}");
-    }
+    let want = run_stack(&stack, &Start::Rows(&x), &cache, &offsets, false);
+    let got = run_stack(&stack, &Start::Rows(&x), &cache, &offsets, true);
+    assert_eq!((want.2, got.2), (0, 2));
+    assert_eq!(got.1.len(), cache.len());
+    assert_close(&got, &want);
     // A call that does not match the stack is an error and changes nothing.
     let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
     let err = stack.forward(&x, &refs[1..], &offsets[1..]).unwrap_err();
@@ -579,12 +606,6 @@ fn token_ids_are_looked_up_in_the_first_node() {
     let offsets_per_row = [8, 3, 13];
     let cache: Vec<(Array, Array)> = (0..3).flat_map(|l| caches(&caps, 1100 + 10 * l)).collect();
     let offsets: Vec<i32> = (0..3).flat_map(|_| offsets_per_row).collect();
-    let fresh = || -> Vec<(Array, Array)> {
-        cache
-            .iter()
-            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
-            .collect()
-    };
     for (bits, seed) in [(8, 1200), (4, 1300)] {
         let table = quantize(&normal(&[50, H], Dtype::F32, 0.0, 1.0, seed), 32, bits).unwrap();
         let stack = DecoderStack::new(&layers)
@@ -596,7 +617,6 @@ fn token_ids_are_looked_up_in_the_first_node() {
             Array::from_slice(&[7i32, 49, 0], &[3, 1]).unwrap(),
         ] {
             // The model's own lookup, then the blocks from MLX's ops.
-            registry::set_enabled(Kernel::DecoderLayer, false);
             let rows = Quantized {
                 weight: table.weight.take(&ids, 0).unwrap(),
                 scales: table.scales.take(&ids, 0).unwrap(),
@@ -606,27 +626,11 @@ fn token_ids_are_looked_up_in_the_first_node() {
             }
             .dequantize()
             .unwrap();
-            let owned = fresh();
-            let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-            let (want, want_rows) = stack.forward(&rows, &refs, &offsets).unwrap();
-            registry::set_enabled(Kernel::DecoderLayer, true);
-            let owned = fresh();
-            let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-            let before = registry::snapshot().get(Kernel::DecoderLayer).fused;
-            let (got, got_rows) = stack.forward_tokens(&ids, &refs, &offsets).unwrap();
-            drop(refs);
-            drop(owned);
-            got.eval().unwrap();
-            assert_eq!(
-                registry::snapshot().get(Kernel::DecoderLayer).fused - before,
-                1
-            );
-            assert_eq!(got.shape(), vec![3, 1, H]);
-            let err = max_rel_err(&got, &want, 1e-2);
-            assert!(err < 1e-3, "{bits}-bit table: out max rel err {err}");
-            for ((gk, gv), (wk, wv)) in got_rows.iter().zip(&want_rows) {
-                assert!(max_rel_err(gk, wk, 1e-2) < 1e-3 && max_rel_err(gv, wv, 1e-2) < 1e-3);
-            }
+            let want = run_stack(&stack, &Start::Rows(&rows), &cache, &offsets, false);
+            let got = run_stack(&stack, &Start::Tokens(&ids), &cache, &offsets, true);
+            assert_eq!(got.2, 1);
+            assert_eq!(got.0.shape(), vec![3, 1, H]);
+            assert_close(&got, &want);
         }
     }
     let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
@@ -661,29 +665,10 @@ fn a_stack_with_a_head_returns_the_models_logits() {
         .unwrap();
     assert!(stack.has_head() && stack.has_embedding());
     let ids = Array::from_slice(&[69u32, 5], &[2, 1]).unwrap();
-    let run = |fused: bool| {
-        registry::set_enabled(Kernel::DecoderLayer, fused);
-        let owned: Vec<(Array, Array)> = cache
-            .iter()
-            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
-            .collect();
-        let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-        let (logits, rows) = stack.forward_tokens(&ids, &refs, &offsets).unwrap();
-        drop(refs);
-        drop(owned);
-        let mut all = vec![&logits];
-        all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
-        eval(&all).unwrap();
-        registry::set_enabled(Kernel::DecoderLayer, true);
-        (logits, rows)
-    };
-    let (want, want_rows) = run(false);
-    let (got, got_rows) = run(true);
-    assert_eq!(got.shape(), vec![2, 1, 70]);
-    assert_eq!(got.dtype(), Dtype::F32);
-    let err = max_rel_err(&got, &want, 1e-2);
-    assert!(err < 1e-3, "logits: max rel err {err}");
-    for ((gk, gv), (wk, wv)) in got_rows.iter().zip(&want_rows) {
-        assert!(max_rel_err(gk, wk, 1e-2) < 1e-3 && max_rel_err(gv, wv, 1e-2) < 1e-3);
-    }
+    let want = run_stack(&stack, &Start::Tokens(&ids), &cache, &offsets, false);
+    let got = run_stack(&stack, &Start::Tokens(&ids), &cache, &offsets, true);
+    assert_eq!((want.2, got.2), (0, 1));
+    assert_eq!(got.0.shape(), vec![2, 1, 70]);
+    assert_eq!(got.0.dtype(), Dtype::F32);
+    assert_close(&got, &want);
 }

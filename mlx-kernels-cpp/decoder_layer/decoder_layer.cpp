@@ -240,6 +240,23 @@ void push_buffer(std::vector<size_t>& table, const array& a) {
   table.push_back(a.nbytes());
 }
 
+// Parameters made dense and evaluated once (the kernel reads them as plain
+// buffers) into `params`, with their (address, bytes) into `table`.
+void prepare_params(
+    const std::vector<array>& in,
+    std::vector<array>& params,
+    std::vector<size_t>& table,
+    const char* what) {
+  for (const auto& p : in) {
+    params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
+  }
+  mx::eval(params);
+  for (const auto& p : params) {
+    require_row_contiguous(p, what);
+    push_buffer(table, p);
+  }
+}
+
 } // namespace
 
 // One block of a DecoderStack.
@@ -485,15 +502,7 @@ void decoder_stack_push(
   layer->config = from_spec(spec, quant);
   layer->config.batch = 0;
   check_params(params.items, layer->config);
-  // Dense and evaluated once: the kernel reads them as plain buffers.
-  for (const auto& p : params.items) {
-    layer->params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
-  }
-  mx::eval(layer->params);
-  for (const auto& p : layer->params) {
-    require_row_contiguous(p, "decoder_layer parameter");
-    push_buffer(layer->table, p);
-  }
+  prepare_params(params.items, layer->params, layer->table, "decoder_layer parameter");
   // params: input norm, post norm, then q's weight, scales, biases, ...
   layer->spec = to_spec(layer->config, layer->params[0], layer->params[3]);
   stack.layers.push_back(std::move(layer));
@@ -516,14 +525,7 @@ void decoder_stack_set_embedding(
   e->bits = bits;
   e->group_size = group_size;
   e->hidden = hidden;
-  for (const auto& p : table.items) {
-    e->params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
-  }
-  mx::eval(e->params);
-  for (const auto& p : e->params) {
-    require_row_contiguous(p, "decoder_layer embedding");
-    push_buffer(e->table, p);
-  }
+  prepare_params(table.items, e->params, e->table, "decoder_layer embedding");
   stack.embedding = std::move(e);
 }
 
@@ -549,14 +551,7 @@ void decoder_stack_set_head(
   h->bits = bits;
   h->group_size = group_size;
   h->activations = activations;
-  for (const auto& p : params.items) {
-    h->params.push_back(p.flags().row_contiguous ? p : mx::contiguous(p));
-  }
-  mx::eval(h->params);
-  for (const auto& p : h->params) {
-    require_row_contiguous(p, "decoder_layer head");
-    push_buffer(h->table, p);
-  }
+  prepare_params(params.items, h->params, h->table, "decoder_layer head");
   stack.head = std::move(h);
 }
 
