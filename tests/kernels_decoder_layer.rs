@@ -154,23 +154,12 @@ fn run(
     cache: &[(Array, Array)],
     offsets: &[i32],
 ) -> (Array, Vec<(Array, Array)>) {
-    registry::set_enabled(Kernel::DecoderLayer, fused);
-    // Fresh copies, so the kernel may reuse their buffers.
-    let owned: Vec<(Array, Array)> = cache
-        .iter()
-        .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
-        .collect();
-    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-    let before = registry::snapshot().get(Kernel::DecoderLayer);
-    let (out, rows) = decoder_layer(x, &layer(v, w), &refs, offsets).unwrap();
-    drop(refs);
-    drop(owned);
-    let mut all = vec![&out];
-    all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
-    eval(&all).unwrap();
-    let after = registry::snapshot().get(Kernel::DecoderLayer);
-    assert_eq!(after.fused - before.fused, u64::from(fused));
-    registry::set_enabled(Kernel::DecoderLayer, true);
+    let (out, rows, nodes) = run_stack(
+        |refs| decoder_layer(x, &layer(v, w), refs, offsets),
+        cache,
+        fused,
+    );
+    assert_eq!(nodes, u64::from(fused));
     (out, rows)
 }
 
@@ -503,21 +492,16 @@ fn tiny_model_decodes_through_fused_blocks_in_place() {
     assert_eq!(copies, 0);
 }
 
-/// What a stack starts from.
-enum Start<'a> {
-    Rows(&'a Array),
-    Tokens(&'a Array),
-}
+/// The result of a decoder call: out and the updated caches.
+type Outcome = Result<(Array, Vec<(Array, Array)>), mlx_backend::OpError>;
 
-/// Runs `stack` with the kernel on or off over fresh copies of `cache`
-/// (block-major; copies, so the kernel may reuse their buffers), evaluates
-/// everything and returns the output, the updated caches and the fused
-/// nodes the registry counted.
+/// Runs `call` with the kernel on or off over fresh copies of `cache`
+/// (copies, so the kernel may reuse their buffers), evaluates everything
+/// and returns the output, the updated caches and the fused nodes the
+/// registry counted.
 fn run_stack(
-    stack: &DecoderStack,
-    start: &Start,
+    call: impl FnOnce(&[(&Array, &Array)]) -> Outcome,
     cache: &[(Array, Array)],
-    offsets: &[i32],
     fused: bool,
 ) -> (Array, Vec<(Array, Array)>, u64) {
     registry::set_enabled(Kernel::DecoderLayer, fused);
@@ -527,11 +511,7 @@ fn run_stack(
         .collect();
     let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
     let before = registry::snapshot().get(Kernel::DecoderLayer).fused;
-    let (out, rows) = match start {
-        Start::Rows(x) => stack.forward(x, &refs, offsets),
-        Start::Tokens(ids) => stack.forward_tokens(ids, &refs, offsets),
-    }
-    .unwrap();
+    let (out, rows) = call(&refs).unwrap();
     drop(refs);
     drop(owned);
     let mut all = vec![&out];
@@ -579,8 +559,8 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
         .collect();
     let offsets: Vec<i32> = (0..blocks).flat_map(|_| offsets_per_row).collect();
     let x = normal(&[caps.len() as i32, 1, H], Dtype::F32, 0.0, 1.0, 777);
-    let want = run_stack(&stack, &Start::Rows(&x), &cache, &offsets, false);
-    let got = run_stack(&stack, &Start::Rows(&x), &cache, &offsets, true);
+    let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
+    let got = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
     assert_eq!((want.2, got.2), (0, 2));
     assert_eq!(got.1.len(), cache.len());
     assert_close(&got, &want);
@@ -626,8 +606,8 @@ fn token_ids_are_looked_up_in_the_first_node() {
             }
             .dequantize()
             .unwrap();
-            let want = run_stack(&stack, &Start::Rows(&rows), &cache, &offsets, false);
-            let got = run_stack(&stack, &Start::Tokens(&ids), &cache, &offsets, true);
+            let want = run_stack(|c| stack.forward(&rows, c, &offsets), &cache, false);
+            let got = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, true);
             assert_eq!(got.2, 1);
             assert_eq!(got.0.shape(), vec![3, 1, H]);
             assert_close(&got, &want);
@@ -665,8 +645,8 @@ fn a_stack_with_a_head_returns_the_models_logits() {
         .unwrap();
     assert!(stack.has_head() && stack.has_embedding());
     let ids = Array::from_slice(&[69u32, 5], &[2, 1]).unwrap();
-    let want = run_stack(&stack, &Start::Tokens(&ids), &cache, &offsets, false);
-    let got = run_stack(&stack, &Start::Tokens(&ids), &cache, &offsets, true);
+    let want = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, false);
+    let got = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, true);
     assert_eq!((want.2, got.2), (0, 1));
     assert_eq!(got.0.shape(), vec![2, 1, 70]);
     assert_eq!(got.0.dtype(), Dtype::F32);
