@@ -496,7 +496,10 @@ pub(crate) mod bridge {
         /// Blocks `first..first + count` of `stack` as one node, for decode
         /// rows `x [B, 1, H]` (or token ids `[B, 1]` when `tokens`);
         /// `caches` keys and values per block and row (block-major),
-        /// `offsets` per block and row. Returns `[out, caches'...]`.
+        /// `offsets` per block and row. Returns `[out, caches'...]`, or
+        /// `[out]` when `fused && in_place`: then the kernel writes each
+        /// row's new key and value into the given caches' own buffers,
+        /// which [`caches_writable_in_place`] must allow.
         #[allow(clippy::too_many_arguments)]
         fn kernel_decoder_stack(
             input: &array,
@@ -507,8 +510,13 @@ pub(crate) mod bridge {
             caches: &ArrayList,
             offsets: &[i32],
             fused: bool,
+            in_place: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<ArrayList>>;
+        /// Whether a decoder stack node may write `caches` in their own
+        /// buffers: each evaluated, dense, row-contiguous and holding its
+        /// buffer alone (no view or other cache shares it).
+        fn caches_writable_in_place(caches: &ArrayList) -> bool;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
         /// 2 moe_combine) built fused or as the fallback.
         fn kernel_vjp(

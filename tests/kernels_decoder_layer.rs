@@ -572,6 +572,75 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
     assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
 }
 
+/// With `writing_caches_in_place`, evaluated caches that hold their
+/// buffers alone are written where they are: every block of a 5-row call
+/// in one node (70 caches, past the 64 a node takes as outputs), the given
+/// arrays come back and hold what MLX's ops give. A cache that shares its
+/// buffer with a view makes the call build the returning nodes instead,
+/// and the view and the given caches keep their values.
+#[test]
+fn caches_are_written_in_place_when_they_allow_it() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let v = Variant {
+        bias: true,
+        ..Variant::default()
+    };
+    let blocks = 7;
+    let caps = [9, 30, 17, 12, 25];
+    let offsets_per_row = [8, 0, 16, 5, 24];
+    let weights: Vec<Weights> = (0..blocks).map(|l| weights(&v, 1500 + 50 * l)).collect();
+    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+    let stack = DecoderStack::new(&layers)
+        .unwrap()
+        .writing_caches_in_place();
+    let cache: Vec<(Array, Array)> = (0..blocks)
+        .flat_map(|l| caches(&caps, 1700 + 10 * l))
+        .collect();
+    let offsets: Vec<i32> = (0..blocks).flat_map(|_| offsets_per_row).collect();
+    let x = normal(&[caps.len() as i32, 1, H], Dtype::F32, 0.0, 1.0, 1777);
+    let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
+    let fused = || registry::snapshot().get(Kernel::DecoderLayer).fused;
+    // Evaluated copies, each the only holder of its buffer.
+    let evaluated = || {
+        let owned: Vec<(Array, Array)> = cache
+            .iter()
+            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
+            .collect();
+        let all: Vec<&Array> = owned.iter().flat_map(|(k, v)| [k, v]).collect();
+        eval(&all).unwrap();
+        owned
+    };
+
+    let owned = evaluated();
+    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+    assert!(DecoderStack::caches_writable_in_place(&refs));
+    let before = fused();
+    let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
+    assert_eq!(fused() - before, 1);
+    assert_eq!(rows.len(), owned.len());
+    eval(&[&out]).unwrap();
+    assert_close(&(out.clone(), owned.clone(), 1), &want);
+    assert_close(&(out, rows, 1), &want);
+
+    // A view of one cache shares its buffer: not written in place.
+    let owned = evaluated();
+    let view = owned[3].1.slice_axis(2, 0, 4).unwrap();
+    eval(&[&view]).unwrap();
+    let view_before = view.to_vec::<f32>().unwrap();
+    let given_before = owned[3].1.to_vec::<f32>().unwrap();
+    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+    assert!(!DecoderStack::caches_writable_in_place(&refs));
+    let before = fused();
+    let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
+    assert_eq!(fused() - before, 2, "6 blocks of 5 rows per node");
+    let mut all = vec![&out];
+    all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
+    eval(&all).unwrap();
+    assert_close(&(out, rows, 2), &want);
+    assert_eq!(view.to_vec::<f32>().unwrap(), view_before);
+    assert_eq!(owned[3].1.to_vec::<f32>().unwrap(), given_before);
+}
+
 /// Token ids looked up in the stack's quantized table inside the first
 /// node (8-bit and 4-bit tables, uint32 and int32 ids) against the blocks
 /// run from the rows MLX's own lookup gives (take, dequantize), built from

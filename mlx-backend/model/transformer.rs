@@ -255,7 +255,9 @@ impl Transformer {
         let layers: Option<Vec<DecoderLayer<'_>>> = self.layers.iter().map(Block::fused).collect();
         let stack = match layers {
             Some(layers) => {
-                let stack = DecoderStack::new(&layers)?;
+                // The caches are this model's own (LayerKvCache), evaluated
+                // with the logits every step.
+                let stack = DecoderStack::new(&layers)?.writing_caches_in_place();
                 // The lookup goes into the first node where the kernel
                 // takes the table and the rows are f32 (as the model's own
                 // lookup gives them).
@@ -409,6 +411,16 @@ fn fused_steps(
     let offsets: Vec<i32> = taken.iter().map(|t| t.2).collect();
     let result = {
         let refs: Vec<(&Array, &Array)> = taken.iter().map(|(k, v, _)| (k, v)).collect();
+        // A cache that just grew is a pending concatenation: evaluated
+        // first, the node can write it in place like the others.
+        if !DecoderStack::caches_writable_in_place(&refs) {
+            let all: Vec<&Array> = refs.iter().flat_map(|(k, v)| [*k, *v]).collect();
+            if let Err(e) = crate::eval(&all) {
+                drop(refs);
+                restore(rows, taken);
+                return Err(OpError::new("decoder_layer", e.to_string()));
+            }
+        }
         match start {
             StackStart::Rows(x) => stack.forward(x, &refs, &offsets),
             StackStart::Tokens(t) => stack.forward_tokens(t, &refs, &offsets),

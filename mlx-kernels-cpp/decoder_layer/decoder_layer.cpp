@@ -1,6 +1,8 @@
 #include "decoder_layer/decoder_layer.h"
 
 #include "common/quant_check.h"
+
+#include <unordered_set>
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 
 namespace mx = mlx::core;
@@ -354,7 +356,26 @@ std::vector<array> stack_fallback(
   return out;
 }
 
+// Whether the kernel may write `caches` in their own buffers: each is
+// evaluated, dense and row-contiguous, and holds its buffer alone (no other
+// array, view or cache shares it), so no one else sees the write.
+bool writable_in_place(const std::vector<array>& caches) {
+  std::unordered_set<const void*> seen;
+  for (const auto& c : caches) {
+    if (c.status() == array::Status::unscheduled || !c.flags().row_contiguous ||
+        c.data_size() != c.size() || c.data_shared_ptr().use_count() != 1 ||
+        !seen.insert(c.data<void>()).second) {
+      return false;
+    }
+  }
+  return true;
+}
+
 } // namespace
+
+bool caches_writable_in_place(const ArrayList& caches) {
+  return writable_in_place(caches.items);
+}
 
 size_t LayerConfig::param_inputs() const {
   return 1 + 2 + 3 * kProjections + (has_qkv_bias ? 3 : 0) + (has_qk_norm ? 2 : 0) +
@@ -366,30 +387,42 @@ void DecoderStackPrimitive::eval_cpu(
     std::vector<array>& outputs) {
   require_row_contiguous(inputs[0], embedding_ ? "decoder_layer tokens" : "decoder_layer x");
   allocate(outputs[0]);
-  // make_arrays gives every output its own copy of the inputs, so each cache
-  // would be held once per output and never be donatable. Nothing reads the
-  // siblings' copies once evaluation has begun (MLX detaches them after
-  // this eval), so they are released here; tracers keep theirs, and MLX
-  // then holds their inputs anyway.
-  if (!outputs[0].is_tracer()) {
-    for (auto& out : outputs) {
-      if (&out.inputs() != &inputs) {
-        out.inputs().clear();
+  // The arrays whose buffers the kernel writes the caches into: the
+  // inputs' own in place, the outputs otherwise.
+  std::vector<array> caches;
+  std::vector<std::pair<array, array>> copies;
+  if (in_place_) {
+    std::vector<array> given(inputs.begin() + 1, inputs.end());
+    if (!writable_in_place(given)) {
+      fail("a cache given to be written in place is shared, strided or not evaluated");
+    }
+    caches = std::move(given);
+  } else {
+    // make_arrays gives every output its own copy of the inputs, so each
+    // cache would be held once per output and never be donatable. Nothing
+    // reads the siblings' copies once evaluation has begun (MLX detaches
+    // them after this eval), so they are released here; tracers keep
+    // theirs, and MLX then holds their inputs anyway.
+    if (!outputs[0].is_tracer()) {
+      for (auto& out : outputs) {
+        if (&out.inputs() != &inputs) {
+          out.inputs().clear();
+        }
       }
     }
-  }
-  // A cache whose buffer nothing else holds is updated in place (as MLX's
-  // slice_update does); any other is copied into a fresh buffer first.
-  std::vector<std::pair<array, array>> copies;
-  for (size_t c = 1; c < inputs.size(); ++c) {
-    const auto& in = inputs[c];
-    auto& out = outputs[c];
-    if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
-      out.copy_shared_buffer(in);
-    } else {
-      allocate(out);
-      copies.emplace_back(in, out);
+    // A cache whose buffer nothing else holds is updated in place (as MLX's
+    // slice_update does); any other is copied into a fresh buffer first.
+    for (size_t c = 1; c < inputs.size(); ++c) {
+      const auto& in = inputs[c];
+      auto& out = outputs[c];
+      if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
+        out.copy_shared_buffer(in);
+      } else {
+        allocate(out);
+        copies.emplace_back(in, out);
+      }
     }
+    caches.assign(outputs.begin() + 1, outputs.end());
   }
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& in : inputs) {
@@ -400,8 +433,9 @@ void DecoderStackPrimitive::eval_cpu(
   }
   std::vector<size_t> x_table, out_table, params, param_counts;
   push_buffer(x_table, inputs[0]);
-  for (const auto& out : outputs) {
-    push_buffer(out_table, out);
+  push_buffer(out_table, outputs[0]);
+  for (const auto& c : caches) {
+    push_buffer(out_table, c);
   }
   std::vector<DecoderLayerSpec> specs;
   std::vector<int32_t> quant, capacities;
@@ -443,7 +477,7 @@ void DecoderStackPrimitive::eval_cpu(
   // The layers and the table keep their parameters alive until the kernel
   // has run.
   enc.dispatch([layers = layers_, table = embedding_, head_params = head_, x = inputs[0], outputs,
-                copies = std::move(copies), input, embedding = std::move(embedding), head,
+                caches = std::move(caches), copies = std::move(copies), input, embedding = std::move(embedding), head,
                 head_table = std::move(head_table),
                 specs = std::move(specs), quant = std::move(quant), offsets = std::move(offsets),
                 capacities = std::move(capacities), x_table = std::move(x_table),
@@ -465,6 +499,9 @@ void DecoderStackPrimitive::eval_cpu(
             rust::Slice<const size_t>(params.data(), params.size()),
             rust::Slice<const size_t>(param_counts.data(), param_counts.size()),
             rust::Slice<const size_t>(out_table.data(), out_table.size()))) {
+      // In place, the caches keep every position they held: the kernel
+      // writes only at each row's offset, which the caller has not
+      // counted yet.
       for (auto& out : outputs) {
         poison(out);
       }
@@ -475,15 +512,14 @@ void DecoderStackPrimitive::eval_cpu(
 bool DecoderStackPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto o = dynamic_cast<const DecoderStackPrimitive*>(&other);
   return o && o->layers_ == layers_ && o->embedding_ == embedding_ && o->head_ == head_ &&
-      o->batch_ == batch_ &&
-      o->offsets_ == offsets_;
+      o->batch_ == batch_ && o->offsets_ == offsets_ && o->in_place_ == in_place_;
 }
 
 std::vector<mx::Shape> DecoderStackPrimitive::output_shapes(const std::vector<array>& inputs) {
   std::vector<mx::Shape> shapes{
       head_ ? mx::Shape{batch_, 1, head_->vocab}
             : embedding_ ? mx::Shape{batch_, 1, embedding_->hidden} : inputs[0].shape()};
-  for (size_t i = 1; i < inputs.size(); ++i) {
+  for (size_t i = 1; !in_place_ && i < inputs.size(); ++i) {
     shapes.push_back(inputs[i].shape());
   }
   return shapes;
@@ -564,6 +600,7 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
     const ArrayList& caches,
     rust::Slice<const int32_t> offsets,
     bool fused,
+    bool in_place,
     StreamSpec spec) {
   if (count == 0 || first > stack.layers.size() || count > stack.layers.size() - first) {
     fail("blocks " + std::to_string(first) + ".." + std::to_string(first + count) +
@@ -616,12 +653,23 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
     out->items = fallback(inputs);
     return out;
   }
+  if (in_place) {
+    if (!writable_in_place(caches.items)) {
+      fail("caches written in place must be evaluated, dense and hold their buffers alone "
+           "(check with caches_writable_in_place)");
+    }
+    // The node's one output is `out`; under a transform (vjp, jvp,
+    // vmap) the cache updates are not part of what it returns.
+    fallback = [full = std::move(fallback)](std::vector<array> in) {
+      return std::vector<array>{full(std::move(in))[0]};
+    };
+  }
   // x (or the ids) is read dense; the caches are not wrapped, so that their
-  // buffers can be donated.
+  // buffers can be donated or written in place.
   inputs[0] = dense_input(inputs[0], s);
   std::vector<mx::Shape> shapes{{batch, 1, head ? head->vocab : hidden}};
   std::vector<mx::Dtype> dtypes{head ? mx::float32 : dtype};
-  for (size_t i = 1; i < inputs.size(); ++i) {
+  for (size_t i = 1; !in_place && i < inputs.size(); ++i) {
     shapes.push_back(inputs[i].shape());
     dtypes.push_back(inputs[i].dtype());
   }
@@ -629,7 +677,7 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
       std::move(shapes), dtypes,
       std::make_shared<DecoderStackPrimitive>(
           s, std::move(fallback), layers, std::move(embedding), std::move(head), batch,
-          std::move(offs)),
+          std::move(offs), in_place),
       inputs);
   return out;
 }

@@ -80,13 +80,15 @@ class DecoderStackPrimitive : public FallbackPrimitive {
       std::shared_ptr<const PreparedEmbedding> embedding,
       std::shared_ptr<const PreparedHead> head,
       int batch,
-      std::vector<int> offsets)
+      std::vector<int> offsets,
+      bool in_place)
       : FallbackPrimitive(s, std::move(f)),
         layers_(std::move(layers)),
         embedding_(std::move(embedding)),
         head_(std::move(head)),
         batch_(batch),
-        offsets_(std::move(offsets)) {}
+        offsets_(std::move(offsets)),
+        in_place_(in_place) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
   const char* name() const override {
     return "DecoderStackKernel";
@@ -103,6 +105,9 @@ class DecoderStackPrimitive : public FallbackPrimitive {
   int batch_;
   // Per block and row (block-major): the cached length.
   std::vector<int> offsets_;
+  // The caches are written in their own buffers (see
+  // caches_writable_in_place) and the node's only output is `out`.
+  bool in_place_;
 };
 
 // Bridge shims.
@@ -136,6 +141,7 @@ void decoder_stack_set_head(
 // first output is f32 logits [B, 1, vocab]. Returns [out,
 // caches...] as DecoderStackPrimitive's outputs; `offsets` per block and
 // row (block-major).
+bool caches_writable_in_place(const ArrayList& caches);
 std::unique_ptr<ArrayList> kernel_decoder_stack(
     const array& input,
     bool tokens,
@@ -145,6 +151,7 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
     const ArrayList& caches,
     rust::Slice<const int32_t> offsets,
     bool fused,
+    bool in_place,
     StreamSpec s);
 
 } // namespace mlx_backend

@@ -1456,6 +1456,11 @@ pub(crate) mod tests {
             return;
         }
         let mut rng = Rng::new(9);
+        // x rows (`SWEEP_ROWS`, default 1: a batch-1 step; 4+ take row_lanes).
+        let m: usize = std::env::var("SWEEP_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
         let (h, inter) = (576, 1536);
         let shapes = [
             (576, h),
@@ -1470,11 +1475,12 @@ pub(crate) mod tests {
         for _ in 0..30 {
             for &(n, k) in &shapes {
                 let lay = Layout::new(4, 32, n, k).unwrap();
-                mats.push((lay, random::<half::f16>(&mut rng, (1, n, k), &lay)));
+                mats.push((lay, random::<half::f16>(&mut rng, (m, n, k), &lay)));
             }
         }
         let lay = Layout::new(8, 32, 49152, h).unwrap();
-        mats.push((lay, random::<half::f16>(&mut rng, (1, 49152, h), &lay)));
+        mats.push((lay, random::<half::f16>(&mut rng, (m, 49152, h), &lay)));
+        let macs: usize = mats.iter().map(|(lay, _)| m * lay.n * lay.k).sum();
         let bytes: usize = mats
             .iter()
             .map(|(_, (w, s, b, _))| w.len() * 4 + (s.len() + b.len()) * 2)
@@ -1483,21 +1489,22 @@ pub(crate) mod tests {
             .iter()
             .map(|(lay, (_, _, _, x))| PreparedX::new(x.chunks_exact(lay.k), lay, true))
             .collect();
-        let mut outs: Vec<Vec<f32>> = mats.iter().map(|(lay, _)| vec![0.0; lay.n]).collect();
+        let mut outs: Vec<Vec<f32>> = mats.iter().map(|(lay, _)| vec![0.0; m * lay.n]).collect();
         let outs: Vec<team::SharedSlice<f32>> =
             outs.iter_mut().map(|o| team::SharedSlice::new(o)).collect();
         let sweep = || {
-            team::run(|m| {
+            team::run(|member| {
                 for (((lay, (w, s, b, _)), px), out) in mats.iter().zip(&prepared).zip(&outs) {
                     let wv = QView::new("w", w, s, b, *lay, 1).unwrap();
-                    let rows = m.share(lay.n, 8);
-                    let part = unsafe { out.part(rows.start, rows.len()) };
+                    let rows = member.share(lay.n, 8);
+                    // Member i's columns, one row of x after another.
+                    let part = unsafe { out.part(rows.start * m, rows.len() * m) };
                     let st = OutStrides {
-                        x_stride: lay.n,
+                        x_stride: rows.len(),
                         w_stride: 1,
                     };
-                    crate::kernels::cpu::qdot::dot_rows(px, 0..1, &wv, rows, part, st);
-                    m.barrier()?;
+                    crate::kernels::cpu::qdot::dot_rows(px, 0..m, &wv, rows, part, st);
+                    member.barrier()?;
                 }
                 Ok(())
             })
@@ -1530,10 +1537,12 @@ pub(crate) mod tests {
             let sink = read();
             let plain = t.elapsed().as_secs_f64();
             println!(
-                "sweep {:.1} MB: kernel {:.2} ms ({:.1} GB/s), plain read {:.2} ms ({:.1} GB/s) ({sink:.0e})",
+                "sweep {:.1} MB, {m} x rows: kernel {:.2} ms ({:.1} GB/s, {:.1} GMAC/s), \
+                 plain read {:.2} ms ({:.1} GB/s) ({sink:.0e})",
                 bytes as f64 / 1e6,
                 kernel * 1e3,
                 bytes as f64 / kernel / 1e9,
+                macs as f64 / kernel / 1e9,
                 plain * 1e3,
                 bytes as f64 / plain / 1e9
             );

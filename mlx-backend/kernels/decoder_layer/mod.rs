@@ -31,7 +31,7 @@ pub(crate) mod cpu;
 
 pub use cpu::cache_copies;
 
-use super::registry::{FallbackReason, Kernel};
+use super::registry::{self, FallbackReason, Kernel};
 use super::ActivationPrecision;
 use super::{build, on_cpu, QuantSpec, WarmupSpec};
 use crate::array::{list, unlist, Array};
@@ -191,6 +191,9 @@ pub struct DecoderStack {
     embedding: Option<Result<(), FallbackReason>>,
     /// The final norm and head's eligibility, once they are set.
     head: Option<Result<(), FallbackReason>>,
+    /// Caches are written in their own buffers where they allow it (see
+    /// [`DecoderStack::writing_caches_in_place`]).
+    in_place: bool,
 }
 
 impl DecoderStack {
@@ -250,7 +253,37 @@ impl DecoderStack {
             kv_shapes,
             embedding: None,
             head: None,
+            in_place: false,
         })
+    }
+
+    /// Lets the fused node write each row's new key and value straight
+    /// into the caches it is given, when every one of them allows it
+    /// ([`DecoderStack::caches_writable_in_place`]): the node's only output
+    /// is then `out`, all blocks of a step are one node at any batch size,
+    /// and `forward` returns the given cache arrays themselves, which hold
+    /// the new token once `out` has been evaluated. Only position `offset`
+    /// of each row is written, which the caller has not counted as cached:
+    /// a node that fails leaves every counted position as it was.
+    ///
+    /// Without it (or when a cache does not allow it, or on the fallback
+    /// path) the node returns updated caches as new arrays, as MLX's ops
+    /// do. For a caller that owns its caches and evaluates `out` with them
+    /// each step, as the model's decode loop does: a node's outputs each
+    /// get MLX's list of their siblings, so a node over 64+ caches cost
+    /// milliseconds per step, and evaluating the caches themselves ~0.1 ms
+    /// per node.
+    pub fn writing_caches_in_place(mut self) -> DecoderStack {
+        self.in_place = true;
+        self
+    }
+
+    /// Whether the node may write `caches` in place: each evaluated,
+    /// dense, row-contiguous, and holding its buffer alone (no view,
+    /// slice or other cache shares it, so nothing else sees the write).
+    pub fn caches_writable_in_place(caches: &[(&Array, &Array)]) -> bool {
+        let all: Vec<&Array> = caches.iter().flat_map(|(k, v)| [*k, *v]).collect();
+        ffi::caches_writable_in_place(&list(&all))
     }
 
     /// Ends the stack with the final RMSNorm (`norm [hidden]`, `eps`) and
@@ -438,11 +471,19 @@ impl DecoderStack {
                 .then_some(())
                 .ok_or(FallbackReason::UnsupportedDtype)
         });
+        let in_place = self.in_place
+            && registry::decide(Kernel::DecoderLayer, eligibility).is_ok()
+            && Self::caches_writable_in_place(caches);
         // Consecutive blocks share a node while it has at most
-        // MAX_NODE_CACHES caches: MLX gives every output of a node its own
-        // copy of the node's inputs, so one node over every block of a
-        // batch-8 step (481 inputs and outputs) spent milliseconds on them.
-        let per_node = (MAX_NODE_CACHES / (2 * batch).max(1)).max(1);
+        // MAX_NODE_CACHES caches as outputs: MLX gives every output of a
+        // node its own copy of the node's inputs, so one node over every
+        // block of a batch-8 step (481 inputs and outputs) spent
+        // milliseconds on them. In place, the node's one output is `out`.
+        let per_node = if in_place {
+            self.len()
+        } else {
+            (MAX_NODE_CACHES / (2 * batch).max(1)).max(1)
+        };
         let mut h = input.clone();
         let mut updated = Vec::with_capacity(caches.len());
         for first in (0..self.len()).step_by(per_node) {
@@ -460,14 +501,22 @@ impl DecoderStack {
                     first,
                     count,
                     &list(&cache_list),
-                    &offsets[calls],
+                    &offsets[calls.clone()],
                     fused,
+                    fused && in_place,
                     stream(),
                 )
                 .map_err(OpError::from_cxx("decoder_layer"))?;
                 let mut arrays = unlist(&out).into_iter();
                 let out = arrays.next().expect("the op returns out first");
                 let mut rows = Vec::with_capacity(count * batch);
+                if fused && in_place {
+                    rows.extend(
+                        caches[calls]
+                            .iter()
+                            .map(|(k, v)| ((*k).clone(), (*v).clone())),
+                    );
+                }
                 while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
                     rows.push((k, v));
                 }
