@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use half::bf16;
 
-use rayon::prelude::*;
+use crate::kernels::cpu::team::{self, SharedSlice};
 
 use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
@@ -20,12 +20,6 @@ use super::bf16_pairs;
 
 /// Below this many elements threading costs more than it saves.
 const PAR_MIN_ELEMS: usize = 64 * 1024;
-
-/// Rows per rayon task: about four tasks per thread, so a thread that the
-/// (shared) machine slows down does not hold the others up for long.
-fn rows_per_task(rows: usize) -> usize {
-    rows.div_ceil(4 * rayon::current_num_threads()).max(1)
-}
 
 /// `y[r,h] = T(T(x[r,h] * rsqrt(mean_h(x[r,:]^2) + eps)) * w[h])`.
 ///
@@ -64,15 +58,16 @@ pub fn rms_norm<T: Element>(
             out_row,
         );
     };
-    if rows * hidden > PAR_MIN_ELEMS {
-        let per_task = rows_per_task(rows);
-        out.par_chunks_mut(per_task * hidden)
-            .enumerate()
-            .for_each(|(t, block)| {
-                for (i, o) in block.chunks_mut(hidden).enumerate() {
-                    row(t * per_task + i, o);
-                }
-            });
+    if rows * hidden > PAR_MIN_ELEMS && !team::in_team() {
+        let shared = SharedSlice::new(out);
+        team::run(|m| {
+            let mine = m.share(rows, 1);
+            // SAFETY: each member writes only its own rows.
+            let block = unsafe { shared.part(mine.start * hidden, mine.len() * hidden) };
+            mine.zip(block.chunks_mut(hidden))
+                .for_each(|(r, o)| row(r, o));
+            Ok(())
+        })?;
     } else {
         for (r, o) in out.chunks_mut(hidden).enumerate() {
             row(r, o);
@@ -125,17 +120,18 @@ pub fn rms_norm_residual<T: Element>(
         );
         scale_row(sum, ss, hidden, eps, w, w_finite, normed);
     };
-    if rows * hidden > PAR_MIN_ELEMS {
-        let per_task = rows_per_task(rows);
-        out_normed
-            .par_chunks_mut(per_task * hidden)
-            .zip(out_sum.par_chunks_mut(per_task * hidden))
-            .enumerate()
-            .for_each(|(t, (nb, sb))| {
-                for (i, (n, s)) in nb.chunks_mut(hidden).zip(sb.chunks_mut(hidden)).enumerate() {
-                    row(t * per_task + i, n, s);
-                }
-            });
+    if rows * hidden > PAR_MIN_ELEMS && !team::in_team() {
+        let (normed, sums) = (SharedSlice::new(out_normed), SharedSlice::new(out_sum));
+        team::run(|m| {
+            let mine = m.share(rows, 1);
+            let (at, len) = (mine.start * hidden, mine.len() * hidden);
+            // SAFETY: each member writes only its own rows.
+            let (nb, sb) = unsafe { (normed.part(at, len), sums.part(at, len)) };
+            for (r, (n, s)) in mine.zip(nb.chunks_mut(hidden).zip(sb.chunks_mut(hidden))) {
+                row(r, n, s);
+            }
+            Ok(())
+        })?;
     } else {
         for (r, (n, s)) in out_normed
             .chunks_mut(hidden)
