@@ -49,7 +49,7 @@ const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
   --decode-batch  decode batch sizes (default 1,4,16)
   --decode-steps  decode steps per batch size (default 16)
   --repeats       timed runs of each workload after one warm-up; the median is reported (default 3)
-  --threads       threads for our rayon pool and for the peers (default 2)
+  --threads       threads for our kernels' CPU team and for the peers (default 2)
   --rounds        run this backend and llama.cpp alternately this many times and report
                   each workload's median over the rounds, and as the ratio vs llama.cpp
                   the median of each round's own ratio (default 1; mlx-lm runs once):
@@ -364,10 +364,9 @@ fn cpu_flags() -> Vec<&'static str> {
 fn main() {
     let a = parse_args();
     let path = fetch::resolve(a.model.as_deref()).expect("model");
-    // Two cores: rayon (our kernels) and MLX's pool must not oversubscribe.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(a.threads)
-        .build_global();
+    // Our kernels' CPU team takes as many threads as the peers (read when
+    // the team starts, on the first kernel call).
+    std::env::set_var("MLX_BACKEND_THREADS", a.threads.to_string());
     let mut options = LoadOptions::for_device(mlx_backend::Stream::current().device());
     if let Some(activations) = a.activations {
         options.activations = activations;

@@ -7,14 +7,14 @@
 //! pass over the key (`simd::dot4`), and the values are accumulated with
 //! `simd::axpy`.
 
-use rayon::prelude::*;
+use crate::kernels::cpu::team;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::simd;
 use crate::kernels::cpu::{run_entry, typed, typed_mut, FloatKind};
 use crate::kernels::registry::Kernel;
 
-/// Query rows per rayon task.
+/// Query rows per unit of work.
 const QUERY_BLOCK: usize = 32;
 /// Keys per online-softmax step.
 const KEY_TILE: usize = 64;
@@ -149,14 +149,23 @@ pub fn attention(
         );
     };
     let macs = b * hq * l * s * d;
-    if macs > PAR_MIN_MACS {
-        out.par_chunks_mut(l * d)
-            .enumerate()
-            .for_each(|(bh, head)| {
-                head.par_chunks_mut(QUERY_BLOCK * d)
-                    .enumerate()
-                    .for_each(|(blk, dst)| task(bh, blk, dst));
-            });
+    if macs > PAR_MIN_MACS && !team::in_team() {
+        // Over the CPU team, (head, query block) units dealt out in turn:
+        // with a causal mask later blocks see more keys, so each member
+        // gets early and late ones alike.
+        let blocks = l.div_ceil(QUERY_BLOCK);
+        let shared = team::SharedSlice::new(out);
+        team::run(|m| {
+            for unit in (m.id..b * hq * blocks).step_by(m.size) {
+                let (bh, blk) = (unit / blocks, unit % blocks);
+                let start = blk * QUERY_BLOCK;
+                let rows = QUERY_BLOCK.min(l - start);
+                // SAFETY: each unit's rows are written by its member alone.
+                let dst = unsafe { shared.part((bh * l + start) * d, rows * d) };
+                task(bh, blk, dst);
+            }
+            Ok(())
+        })?;
     } else {
         for (bh, head) in out.chunks_mut(l * d).enumerate() {
             for (blk, dst) in head.chunks_mut(QUERY_BLOCK * d).enumerate() {

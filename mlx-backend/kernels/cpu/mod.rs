@@ -130,8 +130,9 @@ macro_rules! with_float {
 pub(crate) use with_float;
 
 /// Runs `body(c, chunk, scratch)` over `dst` in chunks of `chunk_len`
-/// (chunk `c` starts at element `c * chunk_len`): across rayon tasks, each
-/// with its own `init()` scratch, when `parallel`; in order otherwise.
+/// (chunk `c` starts at element `c * chunk_len`): split over the CPU team,
+/// each member with its own `init()` scratch, when `parallel`; in order
+/// otherwise.
 pub(crate) fn for_chunks<T: Send, B>(
     dst: &mut [T],
     chunk_len: usize,
@@ -139,16 +140,48 @@ pub(crate) fn for_chunks<T: Send, B>(
     init: impl Fn() -> B + Sync + Send,
     body: impl Fn(usize, &mut [T], &mut B) + Sync + Send,
 ) {
-    use rayon::prelude::*;
-    if parallel {
-        dst.par_chunks_mut(chunk_len)
-            .enumerate()
-            .for_each_init(&init, |buf, (c, chunk)| body(c, chunk, buf));
+    let done = try_for_chunks(dst, chunk_len, parallel, init, |c, chunk, buf| {
+        body(c, chunk, buf);
+        Ok(())
+    });
+    if let Err(e) = done {
+        // Only a member's panic gets here: panic as a pool would (run_entry
+        // catches it).
+        panic!("{e}");
+    }
+}
+
+/// [`for_chunks`] for bodies that can fail: the first error is returned.
+pub(crate) fn try_for_chunks<T: Send, B>(
+    dst: &mut [T],
+    chunk_len: usize,
+    parallel: bool,
+    init: impl Fn() -> B + Sync + Send,
+    body: impl Fn(usize, &mut [T], &mut B) -> Result<(), KernelError> + Sync + Send,
+) -> Result<(), KernelError> {
+    let chunk_len = chunk_len.max(1);
+    if parallel && !team::in_team() {
+        // The CPU team's members take equal runs of chunks: its helpers
+        // spin between jobs, where a pool wakes sleeping workers, and a
+        // pool's threads would share the cores with those helpers.
+        let (len, count) = (dst.len(), dst.len().div_ceil(chunk_len));
+        let shared = team::SharedSlice::new(dst);
+        team::run(|m| {
+            let mut buf = init();
+            for c in m.share(count, 1) {
+                let start = c * chunk_len;
+                // SAFETY: chunk c is this member's alone.
+                let chunk = unsafe { shared.part(start, chunk_len.min(len - start)) };
+                body(c, chunk, &mut buf)?;
+            }
+            Ok(())
+        })
     } else {
         let mut buf = init();
         for (c, chunk) in dst.chunks_mut(chunk_len).enumerate() {
-            body(c, chunk, &mut buf);
+            body(c, chunk, &mut buf)?;
         }
+        Ok(())
     }
 }
 

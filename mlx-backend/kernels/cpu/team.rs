@@ -117,7 +117,7 @@ thread_local! {
 }
 
 /// Whether this thread is running a team member's body: kernels called from
-/// there stay on their thread instead of splitting over the rayon pool.
+/// there stay on their thread instead of splitting again.
 pub(crate) fn in_team() -> bool {
     IN_TEAM.with(|c| c.get())
 }
@@ -156,11 +156,21 @@ struct Team {
     wake: Condvar,
 }
 
+/// `MLX_BACKEND_THREADS`: the team's size (the caller included), read
+/// once when the team starts; unset or not a positive number, the CPU's
+/// `available_parallelism()`.
+fn threads_from_env() -> Option<usize> {
+    std::env::var("MLX_BACKEND_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n >= 1)
+}
+
 fn team() -> &'static Team {
     static TEAM: OnceLock<&'static Team> = OnceLock::new();
     TEAM.get_or_init(|| {
-        let size = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
+        let size = threads_from_env()
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .clamp(1, MAX_MEMBERS);
         let team: &'static Team = Box::leak(Box::new(Team::new(size)));
         for id in 1..size {

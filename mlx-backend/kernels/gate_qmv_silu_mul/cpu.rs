@@ -6,10 +6,8 @@
 //! the dot products themselves accumulate in f32 with FMA. The quantized
 //! dot and dequantize bodies live in `kernels::cpu::quant`.
 
-use rayon::prelude::*;
-
 use crate::kernels::cpu::{
-    for_chunks, run_entry, typed, typed_mut, with_float, FloatKind, XPrecision,
+    for_chunks, run_entry, try_for_chunks, typed, typed_mut, with_float, FloatKind, XPrecision,
 };
 use crate::kernels::registry::Kernel;
 
@@ -24,7 +22,7 @@ use crate::kernels::cpu::simd::{self, Element};
 
 /// Below this many multiply-adds threading costs more than it saves.
 const PAR_MIN_MACS: usize = 1 << 20;
-/// Output rows per rayon task.
+/// Output rows per unit of work.
 const TILE_N: usize = 16;
 
 /// `num_experts` quantized `[N, K]` matrices stacked as `[E, N, ...]`.
@@ -301,17 +299,10 @@ fn project_rows_int8<T: Element, P: Element>(
         Ok::<(), KernelError>(())
     };
     let new_bufs = || (vec![0.0f32; TILE_N * m], vec![0.0f32; TILE_N * m]);
-    if worth_splitting(m, gate.lay.n, gate.lay.k) {
-        dst.par_chunks_mut(TILE_N * m)
-            .enumerate()
-            .try_for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs))
-    } else {
-        let mut bufs = new_bufs();
-        for (c, chunk) in dst.chunks_mut(TILE_N * m).enumerate() {
-            tile(c * TILE_N, chunk, &mut bufs)?;
-        }
-        Ok(())
-    }
+    let split = worth_splitting(m, gate.lay.n, gate.lay.k);
+    try_for_chunks(dst, TILE_N * m, split, new_bufs, |c, chunk, bufs| {
+        tile(c * TILE_N, chunk, bufs)
+    })
 }
 
 /// [`project_rows`] with exact activations (x in 8-lane block order: the
@@ -347,16 +338,10 @@ fn project_rows_exact<T: Element, P: Element>(
         let len = if m > 1 { k } else { 0 };
         (vec![0.0f32; len], vec![0.0f32; len])
     };
-    if worth_splitting(m, lay.n, k) {
-        dst.par_chunks_mut(TILE_N * m)
-            .enumerate()
-            .for_each_init(new_bufs, |bufs, (c, chunk)| tile(c * TILE_N, chunk, bufs));
-    } else {
-        let mut bufs = new_bufs();
-        for (c, chunk) in dst.chunks_mut(TILE_N * m).enumerate() {
-            tile(c * TILE_N, chunk, &mut bufs);
-        }
-    }
+    let split = worth_splitting(m, lay.n, k);
+    for_chunks(dst, TILE_N * m, split, new_bufs, |c, chunk, bufs| {
+        tile(c * TILE_N, chunk, bufs)
+    });
 }
 
 /// The blocked kernel for every x row of `px` (the dense form, and each
@@ -382,7 +367,7 @@ fn dense_blocked<T: Element, P: Element>(
     for_chunks(out, chunks.len, parallel, Default::default, body);
 }
 
-/// Whether `m · n · k` multiply-adds are worth rayon tasks (never inside a
+/// Whether `m · n · k` multiply-adds are worth splitting (never inside a
 /// CPU team member, which stays on its thread).
 fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
     m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !crate::kernels::cpu::team::in_team()
@@ -788,7 +773,7 @@ mod tests {
             dense_case::<T>(&mut rng, 1, 19, 96, bits, 32);
             dense_case::<T>(&mut rng, 3, 19, 96, bits, 32);
         }
-        // Large enough to take the rayon path, both branches.
+        // Large enough to split over the CPU team, both branches.
         dense_case::<T>(&mut rng, 1, 1100, 1024, 4, 64);
         dense_case::<T>(&mut rng, 5, 300, 1024, 8, 128);
     }
@@ -985,18 +970,12 @@ mod tests {
         assert!(gate_qmv_silu_mul(&x[..96], q.matrix(), q.matrix(), &mut out, 1, n, 96).is_err());
     }
 
+    /// Threads: the CPU team's (`MLX_BACKEND_THREADS`, default every core):
     /// `cargo test --release -- --ignored --nocapture bench_gate_qmv`
     #[test]
     #[ignore]
     fn bench_gate_qmv() {
-        let threads: usize = std::env::var("BENCH_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let threads = std::env::var("MLX_BACKEND_THREADS").unwrap_or_else(|_| "all".into());
         let mut rng = Rng::new(1);
         for (n, k, group) in [(1536, 576, 32), (14336, 4096, 64)] {
             let gate = Owned::<f32>::random(&mut rng, 1, n, k, 4, group);
@@ -1006,11 +985,11 @@ mod tests {
             let run = |out: &mut [f32]| {
                 gate_qmv_silu_mul(&x, gate.matrix(), up.matrix(), out, 1, n, k).unwrap()
             };
-            pool.install(|| run(&mut out));
+            run(&mut out);
             let iters = (2_000_000_000 / (n * k)).clamp(3, 2000);
             let t = std::time::Instant::now();
             for _ in 0..iters {
-                pool.install(|| run(&mut out));
+                run(&mut out);
             }
             let secs = t.elapsed().as_secs_f64() / iters as f64;
             let packed = (gate.w.len() + up.w.len()) * 4;

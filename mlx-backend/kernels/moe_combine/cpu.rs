@@ -41,7 +41,7 @@ pub fn moe_combine<Y: Element, S: Element>(
     };
     if rows * top_k * hidden > PAR_MIN_WORK && !team::in_team() {
         // The CPU team's members each take a share of the rows: its
-        // helpers spin between jobs, where a rayon split wakes sleeping
+        // helpers spin between jobs, where a thread pool wakes sleeping
         // workers (tens of µs on a call of ~100 µs).
         let shared = team::SharedSlice::new(out);
         team::run(|m| {
@@ -123,7 +123,7 @@ mod tests {
                 }
             }
         }
-        // Large enough to take the rayon path.
+        // Large enough to split over the CPU team.
         case::<Y, S>(33, 8, 2048, &mut rng);
     }
 

@@ -6,14 +6,12 @@
 //! contribute `bias · Σx` per group. Several x rows (prefill): a tile of
 //! `TILE_N` weight rows is dequantized to f32 once and reused for every x
 //! row, four weight rows per pass over x (`simd::dot4`). Both paths split
-//! the output rows into tiles over rayon when the work is large enough.
+//! the output rows into tiles over the CPU team when the work is large enough.
 //!
 //! With int8 activations (`ActivationPrecision::Int8`) x is quantized once
 //! per call and both paths use `quant::int8_dot_rows` / `int8_dot_tile`
 //! (integer dot products; the prefill tile reuses each unpacked weight
 //! chunk across x rows).
-
-use rayon::prelude::*;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::qdot::{self, RowMajorChunks};
@@ -24,7 +22,7 @@ use crate::kernels::cpu::quant::{
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team::SharedSlice;
 use crate::kernels::cpu::{
-    for_chunks, run_entry, typed, typed_mut, with_float, FloatKind, XPrecision,
+    for_chunks, run_entry, try_for_chunks, typed, typed_mut, with_float, FloatKind, XPrecision,
 };
 use crate::kernels::registry::Kernel;
 
@@ -32,10 +30,10 @@ pub use crate::kernels::cpu::quant::QuantMatrix;
 
 /// Below this many multiply-adds threading costs more than it saves.
 const PAR_MIN_MACS: usize = 1 << 19;
-/// Weight rows per tile (one rayon task; dequantized once in the tiled path).
+/// Weight rows per tile (dequantized once in the tiled path).
 const TILE_N: usize = 16;
-/// Up to this many x rows (decode batches) a threaded call runs on the CPU
-/// team; more (prefill) on rayon.
+/// Up to this many x rows (decode batches) a threaded call splits W's rows
+/// over the CPU team (W read once); more (prefill) split into tiles.
 const TEAM_MAX_ROWS: usize = 32;
 
 /// f32 results into T.
@@ -174,17 +172,9 @@ fn try_for_tiles<T: Send, B>(
     init: impl Fn() -> B + Sync + Send,
     body: impl Fn(usize, &mut [T], &mut B) -> Result<(), KernelError> + Sync + Send,
 ) -> Result<(), KernelError> {
-    if parallel {
-        dst.par_chunks_mut(chunk_len)
-            .enumerate()
-            .try_for_each_init(&init, |buf, (c, chunk)| body(c * TILE_N, chunk, buf))
-    } else {
-        let mut buf = init();
-        for (c, chunk) in dst.chunks_mut(chunk_len).enumerate() {
-            body(c * TILE_N, chunk, &mut buf)?;
-        }
-        Ok(())
-    }
+    try_for_chunks(dst, chunk_len, parallel, init, |c, chunk, buf| {
+        body(c * TILE_N, chunk, buf)
+    })
 }
 
 /// `out_i = x · W_iᵀ` (`[m, n_i]` each) for matrices sharing K, in one
@@ -462,7 +452,7 @@ mod tests {
             case::<T>(&mut rng, 3, 19, 96, bits, 32);
         }
         // Large enough to split over threads: the CPU team (1 and 9 x rows,
-        // uneven shares of the output columns) and rayon (40 x rows).
+        // uneven shares of W's rows; 40 x rows, runs of tiles).
         case::<T>(&mut rng, 1, 1101, 1024, 4, 64);
         case::<T>(&mut rng, 9, 301, 1024, 8, 128);
         case::<T>(&mut rng, 40, 67, 256, 4, 32);
@@ -555,20 +545,12 @@ mod tests {
         assert!(quantized_matmul(&x[..96], q.matrix(), &mut out[..n], 1, n, 96).is_err());
     }
 
-    /// Raw kernel speed without MLX, exact and int8 activations
-    /// (`BENCH_THREADS`, default 1):
+    /// Raw kernel speed without MLX, exact and int8 activations (threads:
+    /// the CPU team's, `MLX_BACKEND_THREADS`, default every core):
     /// `cargo test --release --lib -- --ignored --nocapture bench_quantized_matmul`
     #[test]
     #[ignore]
     fn bench_quantized_matmul() {
-        let threads: usize = std::env::var("BENCH_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
         let mut rng = Rng::new(1);
         for (m, k, n, bits) in [
             (1, 576, 576, 4),
@@ -585,11 +567,8 @@ mod tests {
                 ("int16", XPrecision::Int16),
                 ("int8", XPrecision::Int8(Int8Tier::best())),
             ] {
-                let mut run = || {
-                    pool.install(|| {
-                        quantized_matmul_with(&x, w.matrix(), &mut out, m, n, k, xp).unwrap()
-                    })
-                };
+                let mut run =
+                    || quantized_matmul_with(&x, w.matrix(), &mut out, m, n, k, xp).unwrap();
                 run();
                 let iters = (1_000_000_000 / (m * n * k)).clamp(3, 3000);
                 let t = std::time::Instant::now();

@@ -375,7 +375,7 @@ mod tests {
                 }
             }
         }
-        // Large enough to take the rayon path.
+        // Large enough to split over the CPU team.
         case::<T>(40, 2048, 1, &mut rng);
     }
 
