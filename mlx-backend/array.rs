@@ -122,6 +122,12 @@ impl Array {
         ffi::array_nbytes(self.inner())
     }
 
+    /// Whether an `eval` would compute this array: it comes from an op and
+    /// has not been scheduled for evaluation yet.
+    pub fn is_pending(&self) -> bool {
+        ffi::array_is_pending(self.inner())
+    }
+
     /// Compute this array (and what it depends on) now.
     pub fn eval(&self) -> Result<(), EvalError> {
         checked_eval(|| ffi::eval(self.inner()))

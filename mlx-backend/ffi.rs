@@ -130,6 +130,8 @@ pub(crate) mod bridge {
         fn array_dtype(a: &array) -> i32;
         fn array_size(a: &array) -> usize;
         fn array_nbytes(a: &array) -> usize;
+        /// Built by an op and not yet scheduled for evaluation.
+        fn array_is_pending(a: &array) -> bool;
         fn copy_to_host(a: &array, out: &mut [u8]) -> Result<()>;
 
         fn new_array_list() -> UniquePtr<ArrayList>;

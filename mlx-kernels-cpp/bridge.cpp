@@ -241,6 +241,10 @@ size_t array_nbytes(const array& a) {
   return a.nbytes();
 }
 
+bool array_is_pending(const array& a) {
+  return a.status() == array::Status::unscheduled && a.has_primitive();
+}
+
 void copy_to_host(const array& a, rust::Slice<uint8_t> out) {
   if (out.size() != a.nbytes()) {
     throw std::invalid_argument(

@@ -236,3 +236,17 @@ fn contiguous_materialises_views() {
         "contiguous of strided slice",
     );
 }
+
+/// An op's result is pending until it is evaluated; host data never is.
+#[test]
+fn results_are_pending_until_evaluated() {
+    let host = Array::from_slice(&[1.0f32, -2.0, 3.0], &[3]).unwrap();
+    assert!(!host.is_pending());
+    let y = host.abs().unwrap();
+    let z = y.add_scalar(1.0).unwrap();
+    assert!(y.is_pending() && z.is_pending());
+    z.eval().unwrap();
+    assert!(!z.is_pending());
+    assert!(!y.is_pending(), "evaluated as z's input");
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0]);
+}
