@@ -159,6 +159,40 @@ impl Array {
         Ok(out)
     }
 
+    /// Evaluates and lends the data as `&[T]` without a copy when MLX
+    /// holds it dense and row-major (`Ok(None)` for a view, e.g. a
+    /// transpose or a broadcast: use [`Array::to_vec`]); `T` must match the
+    /// dtype. The slice is MLX's buffer: while it is borrowed, evaluate no
+    /// node that writes this array's buffer in place (a `DecoderStack`
+    /// writing its caches in place, given this array as a cache).
+    pub fn host_slice<T: Element>(&self) -> Result<Option<&[T]>, HostDataError> {
+        let dtype = self.dtype();
+        if dtype != T::DTYPE {
+            return Err(HostDataError::DtypeMismatch {
+                actual: dtype,
+                requested: T::DTYPE,
+            });
+        }
+        self.eval()?;
+        let n = self.size();
+        if n == 0 {
+            return Ok(Some(&[]));
+        }
+        let addr = ffi::array_host_data(self.inner()).map_err(|e| EvalError {
+            message: e.what().into(),
+        })?;
+        if addr == 0 || !addr.is_multiple_of(std::mem::align_of::<T>()) {
+            return Ok(None);
+        }
+        // SAFETY: MLX's evaluated, finished buffer holds n dense elements of
+        // T's dtype and lives as long as this array; Element guarantees any
+        // bit pattern is a valid T; nothing writes it while `self` is
+        // borrowed (see above).
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts(addr as *const T, n)
+        }))
+    }
+
     /// Cast to f32 and copy out (convenient for tests and logits).
     pub fn to_f32_vec(&self) -> Result<Vec<f32>, crate::error::Error> {
         Ok(self.astype(Dtype::F32)?.to_vec::<f32>()?)

@@ -132,6 +132,10 @@ pub(crate) mod bridge {
         fn array_nbytes(a: &array) -> usize;
         /// Built by an op and not yet scheduled for evaluation.
         fn array_is_pending(a: &array) -> bool;
+        /// The address of an evaluated array's data when MLX holds it
+        /// dense and row-major (0 for a view or an empty array), once the
+        /// computation has finished.
+        fn array_host_data(a: &array) -> Result<usize>;
         fn copy_to_host(a: &array, out: &mut [u8]) -> Result<()>;
 
         fn new_array_list() -> UniquePtr<ArrayList>;

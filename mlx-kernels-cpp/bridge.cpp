@@ -261,6 +261,17 @@ void copy_to_host(const array& a, rust::Slice<uint8_t> out) {
   }
 }
 
+size_t array_host_data(const array& a) {
+  if (a.status() == array::Status::unscheduled) {
+    throw std::invalid_argument("the array has not been evaluated");
+  }
+  array(a).wait();
+  if (!a.flags().row_contiguous || a.data_size() != a.size() || a.size() == 0) {
+    return 0;
+  }
+  return reinterpret_cast<size_t>(a.data<uint8_t>());
+}
+
 std::unique_ptr<ArrayList> new_array_list() {
   return std::make_unique<ArrayList>();
 }

@@ -90,6 +90,7 @@ int32_t array_dtype(const array& a);
 size_t array_size(const array& a);
 size_t array_nbytes(const array& a);
 bool array_is_pending(const array& a);
+size_t array_host_data(const array& a);
 void copy_to_host(const array& a, rust::Slice<uint8_t> out);
 
 std::unique_ptr<ArrayList> new_array_list();

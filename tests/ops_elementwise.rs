@@ -250,3 +250,21 @@ fn results_are_pending_until_evaluated() {
     assert!(!y.is_pending(), "evaluated as z's input");
     assert_eq!(z.to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0]);
 }
+
+/// A dense result is lent as MLX's own buffer, equal to its copy; a view
+/// (a transpose) is not lent; the element type must match.
+#[test]
+fn dense_results_are_lent_without_a_copy() {
+    let x = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let y = x.mul_scalar(2.0).unwrap();
+    let lent = y.host_slice::<f32>().unwrap().expect("dense");
+    assert_eq!(lent, y.to_vec::<f32>().unwrap().as_slice());
+    assert_eq!(lent, &[2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+    let t = y.transpose(&[1, 0]).unwrap();
+    assert!(t.host_slice::<f32>().unwrap().is_none());
+    assert_eq!(
+        t.to_vec::<f32>().unwrap(),
+        vec![2.0, 8.0, 4.0, 10.0, 6.0, 12.0]
+    );
+    assert!(y.host_slice::<u32>().is_err());
+}
