@@ -639,6 +639,23 @@ fn caches_are_written_in_place_when_they_allow_it() {
     assert_close(&(out, rows, 2), &want);
     assert_eq!(view.to_vec::<f32>().unwrap(), view_before);
     assert_eq!(owned[3].1.to_vec::<f32>().unwrap(), given_before);
+
+    // A view made after the node was built, evaluated before it: the node
+    // refuses to write a shared buffer (a typed error, the view keeps its
+    // values), and the stack goes on working.
+    let owned = evaluated();
+    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+    let (out, _) = stack.forward(&x, &refs, &offsets).unwrap();
+    let late = owned[0].0.slice_axis(2, 0, 4).unwrap();
+    eval(&[&late]).unwrap();
+    let late_before = late.to_vec::<f32>().unwrap();
+    let err = eval(&[&out]).unwrap_err();
+    assert!(err.to_string().contains("written in place"), "{err}");
+    assert_eq!(late.to_vec::<f32>().unwrap(), late_before);
+    assert!(!registry::has_failed(Kernel::DecoderLayer));
+    drop(late);
+    let again = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
+    assert_close(&again, &want);
 }
 
 /// Token ids looked up in the stack's quantized table inside the first
