@@ -505,7 +505,7 @@ pub(crate) mod bridge {
         /// `offsets` per block and row. Returns `[out, caches'...]`, or
         /// `[out]` when `fused && in_place`: then the kernel writes each
         /// row's new key and value into the given caches' own buffers,
-        /// which [`caches_writable_in_place`] must allow.
+        /// which `DecoderStack::caches_writable_in_place` must allow.
         #[allow(clippy::too_many_arguments)]
         fn kernel_decoder_stack(
             input: &array,
@@ -519,10 +519,10 @@ pub(crate) mod bridge {
             in_place: bool,
             s: StreamSpec,
         ) -> Result<UniquePtr<ArrayList>>;
-        /// Whether a decoder stack node may write `caches` in their own
-        /// buffers: each evaluated, dense, row-contiguous and holding its
-        /// buffer alone (no view or other cache shares it).
-        fn caches_writable_in_place(caches: &ArrayList) -> bool;
+        /// The address of `cache`'s buffer when a decoder stack node may
+        /// write it in place (evaluated, dense, row-contiguous, the only
+        /// array holding its buffer), 0 otherwise.
+        fn cache_buffer_in_place(cache: &array) -> usize;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
         /// 2 moe_combine) built fused or as the fallback.
         fn kernel_vjp(

@@ -614,6 +614,16 @@ fn caches_are_written_in_place_when_they_allow_it() {
     let owned = evaluated();
     let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
     assert!(DecoderStack::caches_writable_in_place(&refs));
+    // The same buffer twice is not writable in place.
+    assert!(!DecoderStack::caches_writable_in_place(&[(
+        &owned[0].0,
+        &owned[0].0
+    )]));
+    let pending = owned[0].1.add_scalar(1.0).unwrap();
+    assert!(!DecoderStack::caches_writable_in_place(&[(
+        &owned[0].0,
+        &pending
+    )]));
     let before = fused();
     let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
     assert_eq!(fused() - before, 1);

@@ -413,9 +413,13 @@ fn fused_steps(
         let refs: Vec<(&Array, &Array)> = taken.iter().map(|(k, v, _)| (k, v)).collect();
         // A cache that just grew is a pending concatenation: evaluated
         // first, the node can write it in place like the others.
-        if !DecoderStack::caches_writable_in_place(&refs) {
-            let all: Vec<&Array> = refs.iter().flat_map(|(k, v)| [*k, *v]).collect();
-            if let Err(e) = crate::eval(&all) {
+        let pending: Vec<&Array> = refs
+            .iter()
+            .flat_map(|(k, v)| [*k, *v])
+            .filter(|c| c.is_pending())
+            .collect();
+        if !pending.is_empty() {
+            if let Err(e) = crate::eval(&pending) {
                 drop(refs);
                 restore(rows, taken);
                 return Err(OpError::new("decoder_layer", e.to_string()));

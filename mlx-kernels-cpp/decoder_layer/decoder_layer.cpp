@@ -373,8 +373,12 @@ bool writable_in_place(const std::vector<array>& caches) {
 
 } // namespace
 
-bool caches_writable_in_place(const ArrayList& caches) {
-  return writable_in_place(caches.items);
+size_t cache_buffer_in_place(const array& cache) {
+  if (cache.status() == array::Status::unscheduled || !cache.flags().row_contiguous ||
+      cache.data_size() != cache.size() || cache.data_shared_ptr().use_count() != 1) {
+    return 0;
+  }
+  return reinterpret_cast<size_t>(cache.data<void>());
 }
 
 size_t LayerConfig::param_inputs() const {

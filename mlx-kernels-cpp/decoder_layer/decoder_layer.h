@@ -141,7 +141,7 @@ void decoder_stack_set_head(
 // first output is f32 logits [B, 1, vocab]. Returns [out,
 // caches...] as DecoderStackPrimitive's outputs; `offsets` per block and
 // row (block-major).
-bool caches_writable_in_place(const ArrayList& caches);
+size_t cache_buffer_in_place(const array& cache);
 std::unique_ptr<ArrayList> kernel_decoder_stack(
     const array& input,
     bool tokens,

@@ -282,8 +282,19 @@ impl DecoderStack {
     /// dense, row-contiguous, and holding its buffer alone (no view,
     /// slice or other cache shares it, so nothing else sees the write).
     pub fn caches_writable_in_place(caches: &[(&Array, &Array)]) -> bool {
-        let all: Vec<&Array> = caches.iter().flat_map(|(k, v)| [*k, *v]).collect();
-        ffi::caches_writable_in_place(&list(&all))
+        // One call per array and no list of them: at batch 16 a list of
+        // the step's 960 caches took ~0.2 ms to build.
+        let mut buffers = Vec::with_capacity(2 * caches.len());
+        for (k, v) in caches {
+            for c in [k, v] {
+                match ffi::cache_buffer_in_place(c.inner()) {
+                    0 => return false,
+                    at => buffers.push(at),
+                }
+            }
+        }
+        buffers.sort_unstable();
+        buffers.windows(2).all(|w| w[0] != w[1])
     }
 
     /// Ends the stack with the final RMSNorm (`norm [hidden]`, `eps`) and
