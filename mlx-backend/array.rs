@@ -135,13 +135,7 @@ impl Array {
 
     /// Evaluate and copy out as a dense row-major `Vec<T>`; `T` must match the dtype.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, HostDataError> {
-        let dtype = self.dtype();
-        if dtype != T::DTYPE {
-            return Err(HostDataError::DtypeMismatch {
-                actual: dtype,
-                requested: T::DTYPE,
-            });
-        }
+        self.require_dtype::<T>()?;
         self.eval()?;
         let n = self.size();
         let mut out: Vec<T> = Vec::with_capacity(n);
@@ -166,13 +160,7 @@ impl Array {
     /// node that writes this array's buffer in place (a `DecoderStack`
     /// writing its caches in place, given this array as a cache).
     pub fn host_slice<T: Element>(&self) -> Result<Option<&[T]>, HostDataError> {
-        let dtype = self.dtype();
-        if dtype != T::DTYPE {
-            return Err(HostDataError::DtypeMismatch {
-                actual: dtype,
-                requested: T::DTYPE,
-            });
-        }
+        self.require_dtype::<T>()?;
         self.eval()?;
         let n = self.size();
         if n == 0 {
@@ -191,6 +179,18 @@ impl Array {
         Ok(Some(unsafe {
             std::slice::from_raw_parts(addr as *const T, n)
         }))
+    }
+
+    /// `T` must be this array's element type to read it back.
+    fn require_dtype<T: Element>(&self) -> Result<(), HostDataError> {
+        let dtype = self.dtype();
+        if dtype != T::DTYPE {
+            return Err(HostDataError::DtypeMismatch {
+                actual: dtype,
+                requested: T::DTYPE,
+            });
+        }
+        Ok(())
     }
 
     /// Cast to f32 and copy out (convenient for tests and logits).

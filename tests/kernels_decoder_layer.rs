@@ -535,6 +535,39 @@ fn assert_close(got: &(Array, Vec<(Array, Array)>, u64), want: &(Array, Vec<(Arr
     }
 }
 
+/// The stack tests' call: seven blocks with q/k/v biases, five rows of
+/// cache capacities 9–30 (block-major: block l, row b at l * 5 + b), each
+/// row's offset, and x.
+struct StackCall {
+    v: Variant,
+    weights: Vec<Weights>,
+    cache: Vec<(Array, Array)>,
+    offsets: Vec<i32>,
+    x: Array,
+}
+
+const STACK_BLOCKS: u64 = 7;
+
+fn stack_call(seed: u64) -> StackCall {
+    let v = Variant {
+        bias: true,
+        ..Variant::default()
+    };
+    let caps = [9, 30, 17, 12, 25];
+    let offsets_per_row = [8, 0, 16, 5, 24];
+    StackCall {
+        weights: (0..STACK_BLOCKS)
+            .map(|l| weights(&v, seed + 50 * l))
+            .collect(),
+        cache: (0..STACK_BLOCKS)
+            .flat_map(|l| caches(&caps, seed + 400 + 10 * l))
+            .collect(),
+        offsets: (0..STACK_BLOCKS).flat_map(|_| offsets_per_row).collect(),
+        x: normal(&[caps.len() as i32, 1, H], Dtype::F32, 0.0, 1.0, seed + 477),
+        v,
+    }
+}
+
 /// A stack of blocks with their own weights and caches, block l's output
 /// feeding block l + 1: fused (in nodes of several blocks; at 5 rows, 6
 /// blocks per node, so 7 blocks take two nodes) against the same blocks
@@ -542,23 +575,16 @@ fn assert_close(got: &(Array, Vec<(Array, Array)>, u64), want: &(Array, Vec<(Arr
 #[test]
 fn stacked_blocks_match_mlx_ops_across_nodes() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant {
-        bias: true,
-        ..Variant::default()
-    };
-    let blocks = 7;
-    let caps = [9, 30, 17, 12, 25];
-    let offsets_per_row = [8, 0, 16, 5, 24];
-    let weights: Vec<Weights> = (0..blocks).map(|l| weights(&v, 300 + 50 * l)).collect();
+    let StackCall {
+        v,
+        weights,
+        cache,
+        offsets,
+        x,
+    } = stack_call(300);
     let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
     let stack = DecoderStack::new(&layers).unwrap();
-    assert_eq!(stack.len(), blocks as usize);
-    // Block-major: block l, row b at l * rows + b.
-    let cache: Vec<(Array, Array)> = (0..blocks)
-        .flat_map(|l| caches(&caps, 700 + 10 * l))
-        .collect();
-    let offsets: Vec<i32> = (0..blocks).flat_map(|_| offsets_per_row).collect();
-    let x = normal(&[caps.len() as i32, 1, H], Dtype::F32, 0.0, 1.0, 777);
+    assert_eq!(stack.len(), STACK_BLOCKS as usize);
     let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
     let got = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
     assert_eq!((want.2, got.2), (0, 2));
@@ -581,23 +607,17 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
 #[test]
 fn caches_are_written_in_place_when_they_allow_it() {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant {
-        bias: true,
-        ..Variant::default()
-    };
-    let blocks = 7;
-    let caps = [9, 30, 17, 12, 25];
-    let offsets_per_row = [8, 0, 16, 5, 24];
-    let weights: Vec<Weights> = (0..blocks).map(|l| weights(&v, 1500 + 50 * l)).collect();
+    let StackCall {
+        v,
+        weights,
+        cache,
+        offsets,
+        x,
+    } = stack_call(1500);
     let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
     let stack = DecoderStack::new(&layers)
         .unwrap()
         .writing_caches_in_place();
-    let cache: Vec<(Array, Array)> = (0..blocks)
-        .flat_map(|l| caches(&caps, 1700 + 10 * l))
-        .collect();
-    let offsets: Vec<i32> = (0..blocks).flat_map(|_| offsets_per_row).collect();
-    let x = normal(&[caps.len() as i32, 1, H], Dtype::F32, 0.0, 1.0, 1777);
     let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
     let fused = || registry::snapshot().get(Kernel::DecoderLayer).fused;
     // Evaluated copies, each the only holder of its buffer.
