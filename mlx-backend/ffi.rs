@@ -505,7 +505,8 @@ pub(crate) mod bridge {
         /// `offsets` per block and row. Returns `[out, caches'...]`, or
         /// `[out]` when `fused && in_place`: then the kernel writes each
         /// row's new key and value into the given caches' own buffers,
-        /// which `DecoderStack::caches_writable_in_place` must allow.
+        /// which `DecoderStack::caches_writable_in_place` must allow
+        /// (checked again at evaluation: a typed error otherwise).
         #[allow(clippy::too_many_arguments)]
         fn kernel_decoder_stack(
             input: &array,

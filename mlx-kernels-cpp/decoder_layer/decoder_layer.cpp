@@ -1,9 +1,9 @@
 #include "decoder_layer/decoder_layer.h"
 
 #include "common/quant_check.h"
-
-#include <unordered_set>
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+
+#include <algorithm>
 
 namespace mx = mlx::core;
 
@@ -356,23 +356,26 @@ std::vector<array> stack_fallback(
   return out;
 }
 
-// Whether the kernel may write `caches` in their own buffers: each is
-// evaluated, dense and row-contiguous, and holds its buffer alone (no other
-// array, view or cache shares it), so no one else sees the write.
+// Whether the kernel may write `caches` in their own buffers: each one
+// may (cache_buffer_in_place) and no two share a buffer.
 bool writable_in_place(const std::vector<array>& caches) {
-  std::unordered_set<const void*> seen;
+  std::vector<size_t> buffers;
+  buffers.reserve(caches.size());
   for (const auto& c : caches) {
-    if (c.status() == array::Status::unscheduled || !c.flags().row_contiguous ||
-        c.data_size() != c.size() || c.data_shared_ptr().use_count() != 1 ||
-        !seen.insert(c.data<void>()).second) {
+    size_t at = cache_buffer_in_place(c);
+    if (at == 0) {
       return false;
     }
+    buffers.push_back(at);
   }
-  return true;
+  std::sort(buffers.begin(), buffers.end());
+  return std::adjacent_find(buffers.begin(), buffers.end()) == buffers.end();
 }
 
 } // namespace
 
+// Evaluated, dense, row-contiguous and the only array holding its buffer,
+// so no one else sees a write into it.
 size_t cache_buffer_in_place(const array& cache) {
   if (cache.status() == array::Status::unscheduled || !cache.flags().row_contiguous ||
       cache.data_size() != cache.size() || cache.data_shared_ptr().use_count() != 1) {
@@ -658,10 +661,8 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
     return out;
   }
   if (in_place) {
-    if (!writable_in_place(caches.items)) {
-      fail("caches written in place must be evaluated, dense and hold their buffers alone "
-           "(check with caches_writable_in_place)");
-    }
+    // The caller checked the caches (DecoderStack::caches_writable_in_place);
+    // eval_cpu checks them again, as a view made since would share a buffer.
     // The node's one output is `out`; under a transform (vjp, jvp,
     // vmap) the cache updates are not part of what it returns.
     fallback = [full = std::move(fallback)](std::vector<array> in) {
