@@ -3,12 +3,11 @@
 //! Each block of output lanes is accumulated over k in registers and
 //! rounded once, so no f32 row buffer is needed.
 
-use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::cpu::{for_chunks, run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
 use crate::kernels::cpu::simd::{self, Element};
-use crate::kernels::cpu::team;
 
 /// Below this many multiply-adds threading costs more than it saves.
 const PAR_MIN_WORK: usize = 64 * 1024;
@@ -39,25 +38,11 @@ pub fn moe_combine<Y: Element, S: Element>(
             out_row,
         );
     };
-    if rows * top_k * hidden > PAR_MIN_WORK && !team::in_team() {
-        // The CPU team's members each take a share of the rows: its
-        // helpers spin between jobs, where a thread pool wakes sleeping
-        // workers (tens of µs on a call of ~100 µs).
-        let shared = team::SharedSlice::new(out);
-        team::run(|m| {
-            let mine = m.share(rows, 1);
-            // SAFETY: each member writes only its own rows.
-            let block = unsafe { shared.part(mine.start * hidden, mine.len() * hidden) };
-            for (r, o) in mine.zip(block.chunks_mut(hidden)) {
-                row(r, o);
-            }
-            Ok(())
-        })?;
-    } else {
-        for (r, o) in out.chunks_mut(hidden).enumerate() {
-            row(r, o);
-        }
-    }
+    // Rows split over the CPU team when the call is large enough: its
+    // helpers spin between jobs, where a thread pool wakes sleeping workers
+    // (tens of µs on a call of ~100 µs).
+    let split = rows * top_k * hidden > PAR_MIN_WORK;
+    for_chunks(out, hidden, split, || (), |r, o, _| row(r, o));
     Ok(())
 }
 

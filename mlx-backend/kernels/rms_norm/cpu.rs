@@ -10,7 +10,7 @@ use half::bf16;
 
 use crate::kernels::cpu::team::{self, SharedSlice};
 
-use crate::kernels::cpu::{run_entry, typed, typed_mut, with_float, FloatKind};
+use crate::kernels::cpu::{for_chunks, run_entry, typed, typed_mut, with_float, FloatKind};
 use crate::kernels::registry::Kernel;
 
 use crate::kernels::cpu::error::{check_len, KernelError};
@@ -58,21 +58,14 @@ pub fn rms_norm<T: Element>(
             out_row,
         );
     };
-    if rows * hidden > PAR_MIN_ELEMS && !team::in_team() {
-        let shared = SharedSlice::new(out);
-        team::run(|m| {
-            let mine = m.share(rows, 1);
-            // SAFETY: each member writes only its own rows.
-            let block = unsafe { shared.part(mine.start * hidden, mine.len() * hidden) };
-            mine.zip(block.chunks_mut(hidden))
-                .for_each(|(r, o)| row(r, o));
-            Ok(())
-        })?;
-    } else {
-        for (r, o) in out.chunks_mut(hidden).enumerate() {
-            row(r, o);
-        }
-    }
+    // Rows split over the CPU team when the call is large enough.
+    for_chunks(
+        out,
+        hidden,
+        rows * hidden > PAR_MIN_ELEMS,
+        || (),
+        |r, o, _| row(r, o),
+    );
     Ok(())
 }
 
