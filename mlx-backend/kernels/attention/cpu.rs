@@ -150,22 +150,25 @@ pub fn attention(
     };
     let macs = b * hq * l * s * d;
     if macs > PAR_MIN_MACS && !team::in_team() {
-        // Over the CPU team, (head, query block) units dealt out in turn:
-        // with a causal mask later blocks see more keys, so each member
-        // gets early and late ones alike.
+        // Over the CPU team, a (head, query block) per unit: a member's
+        // own share is whole heads (with a causal mask later blocks see
+        // more keys, and each head has early and late ones alike), and
+        // members that finish early take the others' remaining units.
         let blocks = l.div_ceil(QUERY_BLOCK);
         let shared = team::SharedSlice::new(out);
-        team::run(|m| {
-            for unit in (m.id..b * hq * blocks).step_by(m.size) {
+        team::for_units(
+            b * hq * blocks,
+            || (),
+            |unit, _| {
                 let (bh, blk) = (unit / blocks, unit % blocks);
                 let start = blk * QUERY_BLOCK;
                 let rows = QUERY_BLOCK.min(l - start);
                 // SAFETY: each unit's rows are written by its member alone.
                 let dst = unsafe { shared.part((bh * l + start) * d, rows * d) };
                 task(bh, blk, dst);
-            }
-            Ok(())
-        })?;
+                Ok(())
+            },
+        )?;
     } else {
         for (bh, head) in out.chunks_mut(l * d).enumerate() {
             for (blk, dst) in head.chunks_mut(QUERY_BLOCK * d).enumerate() {

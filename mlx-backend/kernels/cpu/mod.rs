@@ -130,9 +130,9 @@ macro_rules! with_float {
 pub(crate) use with_float;
 
 /// Runs `body(c, chunk, scratch)` over `dst` in chunks of `chunk_len`
-/// (chunk `c` starts at element `c * chunk_len`): split over the CPU team,
-/// each member with its own `init()` scratch, when `parallel`; in order
-/// otherwise.
+/// (chunk `c` starts at element `c * chunk_len`): over the CPU team
+/// ([`team::for_units`], a chunk per unit), each member with its own
+/// `init()` scratch, when `parallel`; in order otherwise.
 pub(crate) fn for_chunks<T: Send, B>(
     dst: &mut [T],
     chunk_len: usize,
@@ -161,20 +161,17 @@ pub(crate) fn try_for_chunks<T: Send, B>(
 ) -> Result<(), KernelError> {
     let chunk_len = chunk_len.max(1);
     if parallel && !team::in_team() {
-        // The CPU team's members take equal runs of chunks: its helpers
-        // spin between jobs, where a pool wakes sleeping workers, and a
-        // pool's threads would share the cores with those helpers.
+        // The CPU team's members take the chunks as units (their own run
+        // first, then what is left of the others'): its helpers spin
+        // between jobs, where a pool wakes sleeping workers, and a pool's
+        // threads would share the cores with those helpers.
         let (len, count) = (dst.len(), dst.len().div_ceil(chunk_len));
         let shared = team::SharedSlice::new(dst);
-        team::run(|m| {
-            let mut buf = init();
-            for c in m.share(count, 1) {
-                let start = c * chunk_len;
-                // SAFETY: chunk c is this member's alone.
-                let chunk = unsafe { shared.part(start, chunk_len.min(len - start)) };
-                body(c, chunk, &mut buf)?;
-            }
-            Ok(())
+        team::for_units(count, init, |c, buf| {
+            let start = c * chunk_len;
+            // SAFETY: chunk c is this unit's alone.
+            let chunk = unsafe { shared.part(start, chunk_len.min(len - start)) };
+            body(c, chunk, buf)
         })
     } else {
         let mut buf = init();

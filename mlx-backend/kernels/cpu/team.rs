@@ -8,6 +8,13 @@
 //! One job runs at a time; a caller that finds the team busy (another
 //! thread's kernel) runs alone as a team of one. A member that fails or
 //! panics aborts the job: the others leave their next barrier with an error.
+//!
+//! A parked helper can take milliseconds to wake on a VM (~3 ms after a
+//! 50 ms pause here: the hypervisor has to run its halted vCPU again), so
+//! jobs without barriers go through [`for_units`]: the members take units
+//! of work, the caller does not wait for a helper that has not started by
+//! the time the units ran out, and such a call is never slower than the
+//! caller alone.
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -17,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::error::KernelError;
 
-/// How long an idle helper spins before it parks.
+/// How long an idle helper spins (yielding now and then) before it parks.
 const SPIN: Duration = Duration::from_millis(2);
 /// Largest team (helpers are spawned once, on first use).
 const MAX_MEMBERS: usize = 8;
@@ -41,6 +48,12 @@ impl Member<'_> {
     /// This member's part of `0..n`, in steps of `align` (the last part takes the rest).
     pub(crate) fn share(&self, n: usize, align: usize) -> Range<usize> {
         split(n, self.size, self.id, align)
+    }
+
+    /// Whether a member failed: the job's remaining work is moot.
+    fn aborted(&self) -> bool {
+        self.team
+            .is_some_and(|team| team.aborted.load(Ordering::Acquire))
     }
 }
 
@@ -145,6 +158,10 @@ struct Team {
     busy: Mutex<()>,
     /// Bumped to publish a job.
     generation: AtomicU64,
+    /// Who joined the current job: its generation (high 32 bits), a
+    /// closed flag ([`CLOSED`]) and the helpers that joined (low bits). A
+    /// helper runs a job only if it joins it before the caller closes it.
+    entry: AtomicU64,
     job: Mutex<Option<JobPtr>>,
     /// Helpers finished with the current job.
     finished: AtomicUsize,
@@ -155,6 +172,9 @@ struct Team {
     parked: Mutex<usize>,
     wake: Condvar,
 }
+
+/// [`Team::entry`]'s flag: the job takes no more helpers.
+const CLOSED: u64 = 1 << 31;
 
 /// `MLX_BACKEND_THREADS`: the team's size (the caller included), read
 /// once when the team starts; unset or not a positive number, the CPU's
@@ -192,6 +212,7 @@ impl Team {
             size,
             busy: Mutex::new(()),
             generation: AtomicU64::new(0),
+            entry: AtomicU64::new(0),
             job: Mutex::new(None),
             finished: AtomicUsize::new(0),
             aborted: AtomicBool::new(false),
@@ -208,6 +229,10 @@ impl Team {
         loop {
             let generation = self.wait_for_job(seen);
             seen = generation;
+            if !self.join(generation) {
+                // Closed before this helper woke: the caller did its work.
+                continue;
+            }
             let job = *self.job.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(JobPtr(body)) = job {
                 let member = Member {
@@ -242,8 +267,16 @@ impl Team {
             }
             std::hint::spin_loop();
             spins += 1;
-            if spins.is_multiple_of(1024) && start.elapsed() > SPIN {
-                break;
+            if spins.is_multiple_of(1024) {
+                if start.elapsed() > SPIN {
+                    break;
+                }
+                // Lets a thread that woke on this core run (the one that
+                // waits for the kernel's result, typically): a helper that
+                // spins on regardless kept it off the core for a
+                // scheduler tick, ~2 ms (`kernels` bench, after MLX's
+                // call). Returns at once when nothing else is runnable.
+                std::thread::yield_now();
             }
         }
         let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
@@ -256,6 +289,30 @@ impl Team {
             }
             parked = self.wake.wait(parked).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Joins job `generation` unless it is closed (or already replaced).
+    fn join(&self, generation: u64) -> bool {
+        let mut entry = self.entry.load(Ordering::Acquire);
+        loop {
+            if entry >> 32 != generation & 0xffff_ffff || entry & CLOSED != 0 {
+                return false;
+            }
+            match self.entry.compare_exchange_weak(
+                entry,
+                entry + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => entry = now,
+            }
+        }
+    }
+
+    /// Takes no more helpers into the current job; returns how many joined.
+    fn close(&self) -> usize {
+        (self.entry.fetch_or(CLOSED, Ordering::AcqRel) & (CLOSED - 1)) as usize
     }
 
     fn abort(&self, e: KernelError) {
@@ -293,12 +350,28 @@ impl Team {
 }
 
 /// Runs `body` on every member of the team (the caller is member 0) and
-/// returns the first error any member hit.
+/// returns the first error any member hit. Every helper takes part, so
+/// the body may meet at [`Member::barrier`].
 pub(crate) fn run<F>(body: F) -> Result<(), KernelError>
 where
     F: Fn(&Member) -> Result<(), KernelError> + Sync,
 {
-    let team = team();
+    run_job(team(), body, Helpers::All)
+}
+
+/// Whether a job waits for every helper.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Helpers {
+    /// Each one runs the body (barriers allowed).
+    All,
+    /// Only those that start before the caller's body returns.
+    Started,
+}
+
+fn run_job<F>(team: &Team, body: F, helpers: Helpers) -> Result<(), KernelError>
+where
+    F: Fn(&Member) -> Result<(), KernelError> + Sync,
+{
     let alone = |body: &F| {
         as_member(|| {
             body(&Member {
@@ -314,17 +387,21 @@ where
     let Ok(_guard) = team.busy.try_lock() else {
         return alone(&body);
     };
-    let helpers = team.size - 1;
     team.aborted.store(false, Ordering::Release);
     *team.error.lock().unwrap_or_else(|e| e.into_inner()) = None;
     team.finished.store(0, Ordering::Release);
     team.arrived.store(0, Ordering::Release);
     let erased: &Body<'_> = &body;
-    // SAFETY: only the lifetime is erased; the helpers drop the reference
-    // before `finished` reaches `helpers`, which this function waits for.
+    // SAFETY: only the lifetime is erased; the helpers that join drop the
+    // reference before `finished` counts them, which this function waits
+    // for, and the others never read it.
     let ptr: *const Body<'static> = unsafe { std::mem::transmute(erased as *const Body<'_>) };
     *team.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(ptr));
-    team.generation.fetch_add(1, Ordering::AcqRel);
+    // Only the caller holding `busy` publishes, so this is the next one.
+    let generation = team.generation.load(Ordering::Acquire) + 1;
+    team.entry
+        .store((generation & 0xffff_ffff) << 32, Ordering::Release);
+    team.generation.store(generation, Ordering::Release);
     if *team.parked.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
         team.wake.notify_all();
     }
@@ -340,7 +417,11 @@ where
     if let Err(e) = &mine {
         team.abort(e.clone());
     }
-    while team.finished.load(Ordering::Acquire) < helpers {
+    let joined = match helpers {
+        Helpers::All => team.size - 1,
+        Helpers::Started => team.close(),
+    };
+    while team.finished.load(Ordering::Acquire) < joined {
         std::hint::spin_loop();
     }
     *team.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -348,6 +429,55 @@ where
         Some(e) => Err(e),
         None => mine,
     }
+}
+
+/// Runs `body(unit, scratch)` once for every unit of `0..count` on the
+/// team and returns the first error. Each member starts on its own
+/// contiguous share (`split`) and then takes what is left of the others'
+/// (from their front, a unit at a time), so a late or slow member's units
+/// are done by the others; a helper that has not started when the caller
+/// runs out of units is not waited for. `init` makes a member's scratch
+/// when it takes its first unit. Units run in no fixed order or thread:
+/// each must write only its own part of any output.
+pub(crate) fn for_units<B>(
+    count: usize,
+    init: impl Fn() -> B + Sync,
+    body: impl Fn(usize, &mut B) -> Result<(), KernelError> + Sync,
+) -> Result<(), KernelError> {
+    units_on(team(), count, init, body)
+}
+
+fn units_on<B>(
+    team: &Team,
+    count: usize,
+    init: impl Fn() -> B + Sync,
+    body: impl Fn(usize, &mut B) -> Result<(), KernelError> + Sync,
+) -> Result<(), KernelError> {
+    let size = team.size;
+    let shares: Vec<Range<usize>> = (0..size).map(|i| split(count, size, i, 1)).collect();
+    let next: Vec<AtomicUsize> = shares.iter().map(|s| AtomicUsize::new(s.start)).collect();
+    run_job(
+        team,
+        |m| {
+            let mut scratch = None;
+            // Its own share first, then the others' in turn (a member
+            // alone, as a team of one, walks them all).
+            for owner in (0..size).map(|turn| (m.id + turn) % size) {
+                loop {
+                    if m.aborted() {
+                        return Ok(());
+                    }
+                    let unit = next[owner].fetch_add(1, Ordering::AcqRel);
+                    if unit >= shares[owner].end {
+                        break;
+                    }
+                    body(unit, scratch.get_or_insert_with(&init))?;
+                }
+            }
+            Ok(())
+        },
+        Helpers::Started,
+    )
 }
 
 #[cfg(test)]
@@ -366,6 +496,91 @@ mod tests {
             }
             assert_eq!(next, n);
         }
+    }
+
+    #[test]
+    fn every_unit_runs_once_and_errors_stop_the_rest() {
+        use std::sync::atomic::AtomicU32;
+        for count in [0, 1, 2, 7, 64, 1000] {
+            let runs: Vec<AtomicU32> = (0..count).map(|_| AtomicU32::new(0)).collect();
+            let inits = AtomicUsize::new(0);
+            for_units(
+                count,
+                || inits.fetch_add(1, Ordering::SeqCst),
+                |u, _| {
+                    runs[u].fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert!(
+                runs.iter().all(|r| r.load(Ordering::SeqCst) == 1),
+                "{count}"
+            );
+            // One scratch per member that took a unit.
+            assert!(inits.load(Ordering::SeqCst) <= team().size.min(count));
+        }
+        let done = AtomicUsize::new(0);
+        let err = for_units(
+            10_000,
+            || (),
+            |u, _| {
+                if u == 3 {
+                    return Err(KernelError::Shape("unit 3 failed".into()));
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("unit 3 failed"), "{err}");
+        // Usable afterwards, barriers included.
+        run(|m| m.barrier()).unwrap();
+        for_units(4, || (), |_, _| Ok(())).unwrap();
+    }
+
+    /// A job of units completes without a helper that never starts (as a
+    /// parked helper on a VM can take milliseconds to), and a helper that
+    /// wakes after the job closed skips it and joins the next.
+    #[test]
+    fn units_do_not_wait_for_a_helper_that_has_not_started() {
+        let team: &'static Team = Box::leak(Box::new(Team::new(2)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runs: Vec<AtomicUsize> = (0..50).map(|_| AtomicUsize::new(0)).collect();
+            units_on(
+                team,
+                50,
+                || (),
+                |u, _| {
+                    runs[u].fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            let once = runs.iter().all(|r| r.load(Ordering::SeqCst) == 1);
+            tx.send(once).unwrap();
+        });
+        let once = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the caller waited for a helper that never started");
+        assert!(once);
+        // The helper starts now: it sees the closed job, skips it (it would
+        // otherwise count itself finished and run a dangling body) and
+        // meets the caller in the next job's barrier.
+        std::thread::spawn(move || team.helper(1));
+        let met = AtomicUsize::new(0);
+        run_job(
+            team,
+            |m| {
+                met.fetch_add(1, Ordering::SeqCst);
+                m.barrier()
+            },
+            Helpers::All,
+        )
+        .unwrap();
+        assert_eq!(met.load(Ordering::SeqCst), 2);
+        assert_eq!(team.finished.load(Ordering::SeqCst), 1);
     }
 
     #[test]

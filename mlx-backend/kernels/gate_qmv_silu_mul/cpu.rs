@@ -19,6 +19,7 @@ use crate::kernels::cpu::quant::{
     PreparedX, Q8Activations, QRow, QView,
 };
 use crate::kernels::cpu::simd::{self, Element};
+use crate::kernels::cpu::team;
 
 /// Below this many multiply-adds threading costs more than it saves.
 const PAR_MIN_MACS: usize = 1 << 20;
@@ -370,7 +371,7 @@ fn dense_blocked<T: Element, P: Element>(
 /// Whether `m · n · k` multiply-adds are worth splitting (never inside a
 /// CPU team member, which stays on its thread).
 fn worth_splitting(m: usize, n: usize, k: usize) -> bool {
-    m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !crate::kernels::cpu::team::in_team()
+    m.saturating_mul(n).saturating_mul(k) > PAR_MIN_MACS && !team::in_team()
 }
 
 /// Whether a call this size runs on the CPU team ([`team_blocked`]): decode
@@ -384,46 +385,41 @@ const TEAM_MAX_ROWS: usize = 32;
 
 /// Each `(rows, x, gate, up)` job writes output rows `rows` (x row `i`
 /// of the job to `out[rows[i]]`), in units of [`TEAM_COLS`] output
-/// columns that the members claim in turn, so one team job covers all
-/// experts. Rayon cut a decode row into 16-column tasks (88 per expert at
-/// N = 1408), each as short as its scheduling. Claiming (not fixed
-/// shares) because a helper that has parked (after a pause of more than a
-/// few ms) can take long to wake on a VM: the caller then takes its units.
+/// columns taken by the members ([`team::for_units`]), so one team job
+/// covers all experts. Rayon cut a decode row into 16-column tasks (88 per
+/// expert at N = 1408), each as short as its scheduling. Units, not fixed
+/// shares, because a helper that has parked (after a pause of more than a
+/// few ms) can take milliseconds to wake on a VM: the caller then takes its
+/// units and does not wait for it.
 fn team_blocked<T: Element, P: Element>(
     jobs: &[TeamJob<'_, P>],
     out: &mut [T],
     n: usize,
 ) -> Result<(), KernelError> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let dst = crate::kernels::cpu::team::SharedSlice::new(out);
+    let dst = team::SharedSlice::new(out);
     let per_job = n.div_ceil(TEAM_COLS);
-    let next = AtomicUsize::new(0);
-    crate::kernels::cpu::team::run(|_| {
-        let (mut g, mut u, mut act) = (Vec::new(), Vec::new(), Vec::new());
-        loop {
-            let unit = next.fetch_add(1, Ordering::Relaxed);
-            let Some((rows, px, gate, up)) = jobs.get(unit / per_job) else {
-                return Ok(());
-            };
-            let start = unit % per_job * TEAM_COLS;
-            let cols = start..(start + TEAM_COLS).min(n);
-            let (m, w) = (rows.len(), cols.len());
-            let st = qdot::OutStrides {
-                x_stride: w,
-                w_stride: 1,
-            };
-            g.resize(m * w, 0.0);
-            u.resize(m * w, 0.0);
-            act.resize(m * w, T::from_f32(0.0));
-            qdot::dot_rows(px, 0..m, gate, cols.clone(), &mut g, st);
-            qdot::dot_rows(px, 0..m, up, cols.clone(), &mut u, st);
-            activate(&g, &u, &mut act);
-            for (&row, a) in rows.iter().zip(act.chunks_exact(w)) {
-                // SAFETY: each unit's columns of its job's rows are written
-                // by the one member that claimed it.
-                unsafe { dst.part(row * n + cols.start, w) }.copy_from_slice(a);
-            }
+    let scratch = || (Vec::new(), Vec::new(), Vec::new());
+    team::for_units(jobs.len() * per_job, scratch, |unit, (g, u, act)| {
+        let (rows, px, gate, up) = &jobs[unit / per_job];
+        let start = unit % per_job * TEAM_COLS;
+        let cols = start..(start + TEAM_COLS).min(n);
+        let (m, w) = (rows.len(), cols.len());
+        let st = qdot::OutStrides {
+            x_stride: w,
+            w_stride: 1,
+        };
+        g.resize(m * w, 0.0);
+        u.resize(m * w, 0.0);
+        act.resize(m * w, T::from_f32(0.0));
+        qdot::dot_rows(px, 0..m, gate, cols.clone(), g, st);
+        qdot::dot_rows(px, 0..m, up, cols.clone(), u, st);
+        activate(g, u, act);
+        for (&row, a) in rows.iter().zip(act.chunks_exact(w)) {
+            // SAFETY: each unit's columns of its job's rows are written
+            // by the one member that took it.
+            unsafe { dst.part(row * n + cols.start, w) }.copy_from_slice(a);
         }
+        Ok(())
     })
 }
 

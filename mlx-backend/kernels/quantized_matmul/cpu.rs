@@ -20,7 +20,7 @@ use crate::kernels::cpu::quant::{
     PreparedX, Q8Activations, QView,
 };
 use crate::kernels::cpu::simd::{self, Element};
-use crate::kernels::cpu::team::SharedSlice;
+use crate::kernels::cpu::team::{split, SharedSlice};
 use crate::kernels::cpu::{
     for_chunks, run_entry, try_for_chunks, typed, typed_mut, with_float, FloatKind, XPrecision,
 };
@@ -221,8 +221,8 @@ pub(crate) fn quantized_matmul_shared_x<P: Element>(
     Ok(())
 }
 
-/// `m` x rows against `w`, each team member taking a share of W's rows
-/// (the output columns) for every x row, so W is read once.
+/// `m` x rows against `w` on the CPU team, in [`TEAM_UNITS`] units of W's
+/// rows (the output columns) for every x row, so W is read once.
 fn matmul_on_team<T: Element, P: Element>(
     x: &[T],
     w: QuantMatrix<P>,
@@ -233,24 +233,30 @@ fn matmul_on_team<T: Element, P: Element>(
     xp: XPrecision,
 ) -> Result<(), KernelError> {
     let dst = SharedSlice::new(out);
-    crate::kernels::cpu::team::run(|member| {
-        let cols = member.share(n, TILE_N);
+    let units = n.div_ceil(TILE_N).min(TEAM_UNITS);
+    crate::kernels::cpu::team::for_units(units, Vec::new, |unit, tmp| {
+        let cols = split(n, units, unit, TILE_N);
         if cols.is_empty() {
             return Ok(());
         }
         let part = w.rows(k, cols.start, cols.len());
         if m == 1 {
-            // SAFETY: `cols` is this member's share of `0..n`; shares are disjoint.
+            // SAFETY: `cols` is this unit's part of `0..n`; parts are disjoint.
             let out = unsafe { dst.part(cols.start, cols.len()) };
             return quantized_matmul_with(x, part, out, 1, cols.len(), k, xp);
         }
-        let mut tmp = vec![T::from_f32(0.0); m * cols.len()];
-        quantized_matmul_with(x, part, &mut tmp, m, cols.len(), k, xp)?;
-        // SAFETY: columns `cols` of every row are this member's alone.
-        unsafe { dst.write_cols(&tmp, n, &cols) };
+        tmp.resize(m * cols.len(), T::from_f32(0.0));
+        quantized_matmul_with(x, part, tmp, m, cols.len(), k, xp)?;
+        // SAFETY: columns `cols` of every row are this unit's alone.
+        unsafe { dst.write_cols(tmp, n, &cols) };
         Ok(())
     })
 }
+
+/// Units of a decode-sized [`matmul_on_team`] call: a few per member, so
+/// that a member that starts late (a parked helper) leaves its units to
+/// the others, while each unit stays long enough (x is prepared per unit).
+const TEAM_UNITS: usize = 8;
 
 /// Runs `body(first_row, chunk, scratch)` over `dst` in chunks of
 /// `chunk_len`, chunk `c` starting at output row `c * TILE_N`.

@@ -115,16 +115,21 @@ pub fn rms_norm_residual<T: Element>(
     };
     if rows * hidden > PAR_MIN_ELEMS && !team::in_team() {
         let (normed, sums) = (SharedSlice::new(out_normed), SharedSlice::new(out_sum));
-        team::run(|m| {
-            let mine = m.share(rows, 1);
-            let (at, len) = (mine.start * hidden, mine.len() * hidden);
-            // SAFETY: each member writes only its own rows.
-            let (nb, sb) = unsafe { (normed.part(at, len), sums.part(at, len)) };
-            for (r, (n, s)) in mine.zip(nb.chunks_mut(hidden).zip(sb.chunks_mut(hidden))) {
+        team::for_units(
+            rows,
+            || (),
+            |r, _| {
+                // SAFETY: row r is this unit's alone.
+                let (n, s) = unsafe {
+                    (
+                        normed.part(r * hidden, hidden),
+                        sums.part(r * hidden, hidden),
+                    )
+                };
                 row(r, n, s);
-            }
-            Ok(())
-        })?;
+                Ok(())
+            },
+        )?;
     } else {
         for (r, (n, s)) in out_normed
             .chunks_mut(hidden)
