@@ -34,6 +34,9 @@ struct Args {
     /// The quantized kernels' activation precision (`--activations`;
     /// default: `LoadOptions::for_device`'s).
     activations: Option<ActivationPrecision>,
+    /// A pause before each timed decode step (`--idle-ms`), as between a
+    /// server's requests.
+    idle_ms: u64,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -42,7 +45,7 @@ fn list(v: &str) -> Vec<usize> {
 
 const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
 [--decode-batch B,B,..] [--decode-steps N] [--repeats N] [--threads N] [--rounds N] \
-[--no-peers] [--activations exact|int16|int8]
+[--no-peers] [--activations exact|int16|int8] [--idle-ms MS]
 
   --model         a GGUF file (default: the default model, fetched if missing)
   --prefill       prompt lengths to prefill (default 32,256,1024)
@@ -56,7 +59,9 @@ const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
                   on a VM whose speed drifts by minutes, one run each can fall in
                   different phases
   --no-peers      skip mlx-lm and llama.cpp
-  --activations   the quantized kernels' activation precision";
+  --activations   the quantized kernels' activation precision
+  --idle-ms       sleep this long before each timed decode step (a step after a
+                  server's idle time; needs --no-peers)";
 
 fn parse_args() -> Args {
     let mut a = Args {
@@ -69,6 +74,7 @@ fn parse_args() -> Args {
         rounds: 1,
         peers: true,
         activations: None,
+        idle_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -99,8 +105,12 @@ fn parse_args() -> Args {
                     )),
                 })
             }
+            "--idle-ms" => a.idle_ms = number(&flag, value()) as u64,
             other => usage_error(&format!("unknown argument {other}")),
         }
+    }
+    if a.idle_ms > 0 && a.peers {
+        usage_error("--idle-ms times our steps only: add --no-peers");
     }
     a
 }
@@ -254,6 +264,9 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
                 .zip(&last)
                 .map(|(&rid, &t)| RequestInput::decode(rid, t, 32 + step, SamplingParams::greedy()))
                 .collect();
+            if a.idle_ms > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(a.idle_ms));
+            }
             let t = Instant::now();
             let out = runner
                 .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
@@ -269,8 +282,12 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
         }
         runner.release(&ids);
         let s = median(samples);
+        let after = match a.idle_ms {
+            0 => String::new(),
+            ms => format!(", each after {ms} ms idle"),
+        };
         eprintln!(
-            "ours decode batch {b}: {:.2} ms/step ({:.1} tok/s)",
+            "ours decode batch {b}: {:.2} ms/step ({:.1} tok/s){after}",
             s * 1e3,
             b as f64 / s
         );

@@ -11,10 +11,10 @@
 //!
 //! A parked helper can take milliseconds to wake on a VM (~3 ms after a
 //! 50 ms pause here: the hypervisor has to run its halted vCPU again), so
-//! jobs without barriers go through [`for_units`]: the members take units
-//! of work, the caller does not wait for a helper that has not started by
-//! the time the units ran out, and such a call is never slower than the
-//! caller alone.
+//! no job waits for one: jobs without barriers go through [`for_units`],
+//! whose caller does not wait for a helper that has not started by the
+//! time the units ran out, and a job with barriers ([`run`]) that finds a
+//! helper parked wakes it and runs alone; the next jobs find it spinning.
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -256,20 +256,39 @@ impl Team {
         }
     }
 
-    /// Spins for a new generation, then parks until one arrives.
+    /// Spins for a new generation, then parks until woken: by a job, or
+    /// by a caller that found this helper parked and ran its job alone
+    /// (see [`run_job`]); then spins again.
     fn wait_for_job(&self, seen: u64) -> u64 {
+        loop {
+            if let Some(g) = self.spin_for_job(seen) {
+                return g;
+            }
+            let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
+            let g = self.generation.load(Ordering::Acquire);
+            if g != seen {
+                return g;
+            }
+            *parked += 1;
+            parked = self.wake.wait(parked).unwrap_or_else(|e| e.into_inner());
+            *parked -= 1;
+        }
+    }
+
+    /// A new generation within [`SPIN`], if one comes.
+    fn spin_for_job(&self, seen: u64) -> Option<u64> {
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
             let g = self.generation.load(Ordering::Acquire);
             if g != seen {
-                return g;
+                return Some(g);
             }
             std::hint::spin_loop();
             spins += 1;
             if spins.is_multiple_of(1024) {
                 if start.elapsed() > SPIN {
-                    break;
+                    return None;
                 }
                 // Lets a thread that woke on this core run (the one that
                 // waits for the kernel's result, typically): a helper that
@@ -278,16 +297,6 @@ impl Team {
                 // call). Returns at once when nothing else is runnable.
                 std::thread::yield_now();
             }
-        }
-        let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
-        *parked += 1;
-        loop {
-            let g = self.generation.load(Ordering::Acquire);
-            if g != seen {
-                *parked -= 1;
-                return g;
-            }
-            parked = self.wake.wait(parked).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -351,7 +360,8 @@ impl Team {
 
 /// Runs `body` on every member of the team (the caller is member 0) and
 /// returns the first error any member hit. Every helper takes part, so
-/// the body may meet at [`Member::barrier`].
+/// the body may meet at [`Member::barrier`]; if one is parked, the caller
+/// wakes the helpers and runs `body` alone (as a team of one).
 pub(crate) fn run<F>(body: F) -> Result<(), KernelError>
 where
     F: Fn(&Member) -> Result<(), KernelError> + Sync,
@@ -387,6 +397,16 @@ where
     let Ok(_guard) = team.busy.try_lock() else {
         return alone(&body);
     };
+    let parked = *team.parked.lock().unwrap_or_else(|e| e.into_inner());
+    if parked > 0 {
+        team.wake.notify_all();
+        if helpers == Helpers::All {
+            // A parked helper can take milliseconds to start (see the
+            // module's doc), and a job with barriers would wait for it:
+            // this one runs alone, the woken helpers join the next ones.
+            return alone(&body);
+        }
+    }
     team.aborted.store(false, Ordering::Release);
     *team.error.lock().unwrap_or_else(|e| e.into_inner()) = None;
     team.finished.store(0, Ordering::Release);
@@ -403,6 +423,7 @@ where
         .store((generation & 0xffff_ffff) << 32, Ordering::Release);
     team.generation.store(generation, Ordering::Release);
     if *team.parked.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
+        // Parked since the check above.
         team.wake.notify_all();
     }
     let member = Member {
@@ -581,6 +602,35 @@ mod tests {
         .unwrap();
         assert_eq!(met.load(Ordering::SeqCst), 2);
         assert_eq!(team.finished.load(Ordering::SeqCst), 1);
+    }
+
+    /// A job with barriers does not wait for a parked helper: it runs
+    /// alone (here the "parked" helper never existed, so waiting for it
+    /// would never end).
+    #[test]
+    fn a_job_with_barriers_runs_alone_when_a_helper_is_parked() {
+        let team: &'static Team = Box::leak(Box::new(Team::new(2)));
+        *team.parked.lock().unwrap() = 1;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let sizes = Mutex::new(Vec::new());
+            let done = run_job(
+                team,
+                |m| {
+                    sizes.lock().unwrap().push(m.size);
+                    m.barrier()?;
+                    m.barrier()
+                },
+                Helpers::All,
+            );
+            tx.send((done.is_ok(), sizes.into_inner().unwrap()))
+                .unwrap();
+        });
+        let (ok, sizes) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the job waited for a parked helper");
+        assert!(ok);
+        assert_eq!(sizes, [1]);
     }
 
     #[test]
