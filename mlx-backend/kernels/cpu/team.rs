@@ -171,6 +171,31 @@ struct Team {
     barrier_round: AtomicUsize,
     parked: Mutex<usize>,
     wake: Condvar,
+    /// The CPU each helper last spun on (`-1`: unknown), so that a job
+    /// with barriers never puts two members on one CPU.
+    helper_cpus: [std::sync::atomic::AtomicI32; MAX_MEMBERS],
+}
+
+/// One turn of a wait for another member: a spin, and every 1024th a
+/// yield, so that a member the scheduler put on this CPU can finish (a
+/// waiter that never yields keeps it off for a scheduler slice).
+fn spin_politely(spins: &mut u32) {
+    std::hint::spin_loop();
+    *spins = spins.wrapping_add(1);
+    if spins.is_multiple_of(1024) {
+        std::thread::yield_now();
+    }
+}
+
+/// The CPU this thread runs on (`-1` where unknown).
+fn current_cpu() -> i32 {
+    #[cfg(target_os = "linux")]
+    // SAFETY: no arguments; reads the calling thread's CPU.
+    unsafe {
+        libc::sched_getcpu()
+    }
+    #[cfg(not(target_os = "linux"))]
+    -1
 }
 
 /// [`Team::entry`]'s flag: the job takes no more helpers.
@@ -221,13 +246,14 @@ impl Team {
             barrier_round: AtomicUsize::new(0),
             parked: Mutex::new(0),
             wake: Condvar::new(),
+            helper_cpus: std::array::from_fn(|_| std::sync::atomic::AtomicI32::new(-1)),
         }
     }
 
     fn helper(&'static self, id: usize) {
         let mut seen = 0u64;
         loop {
-            let generation = self.wait_for_job(seen);
+            let generation = self.wait_for_job(id, seen);
             seen = generation;
             if !self.join(generation) {
                 // Closed before this helper woke: the caller did its work.
@@ -259,9 +285,9 @@ impl Team {
     /// Spins for a new generation, then parks until woken: by a job, or
     /// by a caller that found this helper parked and ran its job alone
     /// (see [`run_job`]); then spins again.
-    fn wait_for_job(&self, seen: u64) -> u64 {
+    fn wait_for_job(&self, id: usize, seen: u64) -> u64 {
         loop {
-            if let Some(g) = self.spin_for_job(seen) {
+            if let Some(g) = self.spin_for_job(id, seen) {
                 return g;
             }
             let mut parked = self.parked.lock().unwrap_or_else(|e| e.into_inner());
@@ -276,9 +302,10 @@ impl Team {
     }
 
     /// A new generation within [`SPIN`], if one comes.
-    fn spin_for_job(&self, seen: u64) -> Option<u64> {
+    fn spin_for_job(&self, id: usize, seen: u64) -> Option<u64> {
         let start = Instant::now();
         let mut spins = 0u32;
+        self.helper_cpus[id].store(current_cpu(), Ordering::Relaxed);
         loop {
             let g = self.generation.load(Ordering::Acquire);
             if g != seen {
@@ -296,8 +323,18 @@ impl Team {
                 // scheduler tick, ~2 ms (`kernels` bench, after MLX's
                 // call). Returns at once when nothing else is runnable.
                 std::thread::yield_now();
+                self.helper_cpus[id].store(current_cpu(), Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether a helper last spun on the caller's CPU.
+    fn shares_a_cpu_with_a_helper(&self) -> bool {
+        let cpu = current_cpu();
+        cpu >= 0
+            && self.helper_cpus[1..self.size]
+                .iter()
+                .any(|c| c.load(Ordering::Relaxed) == cpu)
     }
 
     /// Joins job `generation` unless it is closed (or already replaced).
@@ -336,11 +373,12 @@ impl Team {
             self.arrived.store(0, Ordering::Release);
             self.barrier_round.fetch_add(1, Ordering::AcqRel);
         } else {
+            let mut spins = 0u32;
             while self.barrier_round.load(Ordering::Acquire) == round {
                 if self.aborted.load(Ordering::Acquire) {
                     return Err(self.aborted_error());
                 }
-                std::hint::spin_loop();
+                spin_politely(&mut spins);
             }
         }
         if self.aborted.load(Ordering::Acquire) {
@@ -397,6 +435,12 @@ where
     let Ok(_guard) = team.busy.try_lock() else {
         return alone(&body);
     };
+    if helpers == Helpers::All && team.shares_a_cpu_with_a_helper() {
+        // Two members on one CPU would take turns at every barrier, a
+        // scheduler slice each (a helper just woken on this CPU, before
+        // the scheduler moved one of them): alone is faster.
+        return alone(&body);
+    }
     let parked = *team.parked.lock().unwrap_or_else(|e| e.into_inner());
     if parked > 0 {
         team.wake.notify_all();
@@ -442,8 +486,9 @@ where
         Helpers::All => team.size - 1,
         Helpers::Started => team.close(),
     };
+    let mut spins = 0u32;
     while team.finished.load(Ordering::Acquire) < joined {
-        std::hint::spin_loop();
+        spin_politely(&mut spins);
     }
     *team.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
     match team.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -588,8 +633,16 @@ mod tests {
         assert!(once);
         // The helper starts now: it sees the closed job, skips it (it would
         // otherwise count itself finished and run a dangling body) and
-        // meets the caller in the next job's barrier.
-        std::thread::spawn(move || team.helper(1));
+        // meets the caller in the next job's barrier. Caller and helper on
+        // CPUs of their own (on one, the caller would run alone).
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cpus < 2 || !pin_to(0) {
+            return;
+        }
+        std::thread::spawn(move || {
+            pin_to(1);
+            team.helper(1)
+        });
         let met = AtomicUsize::new(0);
         run_job(
             team,
@@ -602,6 +655,19 @@ mod tests {
         .unwrap();
         assert_eq!(met.load(Ordering::SeqCst), 2);
         assert_eq!(team.finished.load(Ordering::SeqCst), 1);
+    }
+
+    /// Pins this thread to `cpu`; false where that fails (or off Linux).
+    fn pin_to(cpu: usize) -> bool {
+        #[cfg(target_os = "linux")]
+        // SAFETY: a zeroed cpu_set_t is an empty set; the call takes its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
     }
 
     /// A job with barriers does not wait for a parked helper: it runs
@@ -630,6 +696,37 @@ mod tests {
             .recv_timeout(Duration::from_secs(20))
             .expect("the job waited for a parked helper");
         assert!(ok);
+        assert_eq!(sizes, [1]);
+    }
+
+    /// A job with barriers runs alone when a helper last spun on the
+    /// caller's CPU (here a helper that never existed: waiting for it
+    /// would never end).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_job_with_barriers_runs_alone_beside_a_helper_on_its_cpu() {
+        let team: &'static Team = Box::leak(Box::new(Team::new(2)));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Pinned, so that the CPU it reads stays its CPU.
+            let pinned = pin_to(current_cpu().max(0) as usize);
+            team.helper_cpus[1].store(current_cpu(), Ordering::SeqCst);
+            let sizes = Mutex::new(Vec::new());
+            let done = run_job(
+                team,
+                |m| {
+                    sizes.lock().unwrap().push(m.size);
+                    m.barrier()
+                },
+                Helpers::All,
+            );
+            tx.send((pinned, done.is_ok(), sizes.into_inner().unwrap()))
+                .unwrap();
+        });
+        let (pinned, ok, sizes) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the job waited for a helper on the caller's CPU");
+        assert!(pinned && ok);
         assert_eq!(sizes, [1]);
     }
 
