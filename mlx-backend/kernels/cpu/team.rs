@@ -176,9 +176,10 @@ struct Team {
     helper_cpus: [std::sync::atomic::AtomicI32; MAX_MEMBERS],
 }
 
-/// One turn of a wait for another member: a spin, and every 1024th a
-/// yield, so that a member the scheduler put on this CPU can finish (a
-/// waiter that never yields keeps it off for a scheduler slice).
+/// One turn of a wait: a spin, and every 1024th a yield (`sched_yield`,
+/// which returns at once when nothing else is runnable), so that a thread
+/// the scheduler put on this CPU can run (a waiter that never yields
+/// keeps it off for a scheduler slice).
 fn spin_politely(spins: &mut u32) {
     std::hint::spin_loop();
     *spins = spins.wrapping_add(1);
@@ -311,18 +312,15 @@ impl Team {
             if g != seen {
                 return Some(g);
             }
-            std::hint::spin_loop();
-            spins += 1;
+            // Yields now and then: a thread that woke on this core (the
+            // one waiting for the kernel's result, typically) waited a
+            // scheduler tick, ~2 ms, for a helper that spun on regardless
+            // (`kernels` bench, after MLX's call).
+            spin_politely(&mut spins);
             if spins.is_multiple_of(1024) {
                 if start.elapsed() > SPIN {
                     return None;
                 }
-                // Lets a thread that woke on this core run (the one that
-                // waits for the kernel's result, typically): a helper that
-                // spins on regardless kept it off the core for a
-                // scheduler tick, ~2 ms (`kernels` bench, after MLX's
-                // call). Returns at once when nothing else is runnable.
-                std::thread::yield_now();
                 self.helper_cpus[id].store(current_cpu(), Ordering::Relaxed);
             }
         }
