@@ -18,7 +18,7 @@
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -173,7 +173,7 @@ struct Team {
     wake: Condvar,
     /// The CPU each helper last spun on (`-1`: unknown), so that a job
     /// with barriers never puts two members on one CPU.
-    helper_cpus: [std::sync::atomic::AtomicI32; MAX_MEMBERS],
+    helper_cpus: [AtomicI32; MAX_MEMBERS],
 }
 
 /// One turn of a wait: a spin, and every 1024th a yield (`sched_yield`,
@@ -247,7 +247,7 @@ impl Team {
             barrier_round: AtomicUsize::new(0),
             parked: Mutex::new(0),
             wake: Condvar::new(),
-            helper_cpus: std::array::from_fn(|_| std::sync::atomic::AtomicI32::new(-1)),
+            helper_cpus: std::array::from_fn(|_| AtomicI32::new(-1)),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::kernels::cpu::quant::{
     PreparedX, Q8Activations, QView,
 };
 use crate::kernels::cpu::simd::{self, Element};
-use crate::kernels::cpu::team::{split, SharedSlice};
+use crate::kernels::cpu::team::{for_units, split, SharedSlice};
 use crate::kernels::cpu::{
     for_chunks, run_entry, try_for_chunks, typed, typed_mut, with_float, FloatKind, XPrecision,
 };
@@ -234,11 +234,9 @@ fn matmul_on_team<T: Element, P: Element>(
 ) -> Result<(), KernelError> {
     let dst = SharedSlice::new(out);
     let units = n.div_ceil(TILE_N).min(TEAM_UNITS);
-    crate::kernels::cpu::team::for_units(units, Vec::new, |unit, tmp| {
+    for_units(units, Vec::new, |unit, tmp| {
+        // Never empty: there are at most as many units as tiles.
         let cols = split(n, units, unit, TILE_N);
-        if cols.is_empty() {
-            return Ok(());
-        }
         let part = w.rows(k, cols.start, cols.len());
         if m == 1 {
             // SAFETY: `cols` is this unit's part of `0..n`; parts are disjoint.
