@@ -9,7 +9,10 @@
 //! rows left: AVX2 has 16 vector registers, half of AVX-512's).
 //!
 //! * Exact x: a value becomes f32 through a shift, a mask and a convert,
-//!   then one FMA per x row (8 multiply-adds).
+//!   then one FMA per x row (8 multiply-adds); with x scaled per field at
+//!   preparation ([`PreparedX::prescaled`], the default where this kernel
+//!   runs) the shift goes: the field is masked in place and its scale
+//!   lives in x, bit-identical sums.
 //! * Int16 x ([`super::qdot512::Int16Rows`] with 8 lanes, the
 //!   `ActivationPrecision::Int16` class: each word's values rounded against
 //!   the word's own largest |x|): a 4-bit pair (values p and p + 4 of each
@@ -85,12 +88,14 @@ pub(crate) fn dot_rows<P: Element>(
     #[cfg(target_arch = "x86_64")]
     // SAFETY: AVX2, FMA and F16C were detected; the asserts above bound every access.
     unsafe {
-        use x86::I16Row;
-        match (px.int16.is_some(), lay.bits) {
-            (false, 4) => x86::drive::<P, &[f32], 4>(px, xrows, w, rows, out, strides),
-            (false, _) => x86::drive::<P, &[f32], 8>(px, xrows, w, rows, out, strides),
-            (true, 4) => x86::drive::<P, I16Row, 4>(px, xrows, w, rows, out, strides),
-            (true, _) => x86::drive::<P, I16Row, 8>(px, xrows, w, rows, out, strides),
+        use x86::{I16Row, Prescaled};
+        match (px.int16.is_some(), px.prescaled, lay.bits) {
+            (false, true, 4) => x86::drive::<P, Prescaled, 4>(px, xrows, w, rows, out, strides),
+            (false, true, _) => x86::drive::<P, Prescaled, 8>(px, xrows, w, rows, out, strides),
+            (false, false, 4) => x86::drive::<P, &[f32], 4>(px, xrows, w, rows, out, strides),
+            (false, false, _) => x86::drive::<P, &[f32], 8>(px, xrows, w, rows, out, strides),
+            (true, _, 4) => x86::drive::<P, I16Row, 4>(px, xrows, w, rows, out, strides),
+            (true, _, _) => x86::drive::<P, I16Row, 8>(px, xrows, w, rows, out, strides),
         }
     }
 }
@@ -160,6 +165,62 @@ pub(crate) mod x86 {
                     // blocks read through the mask.
                     let xv = unsafe {
                         let at = x[i].as_ptr().add(b0 * vpw + v * lanes);
+                        if FULL {
+                            _mm256_loadu_ps(at)
+                        } else {
+                            _mm256_maskload_ps(at, mask)
+                        }
+                    };
+                    for n in 0..NR {
+                        p[i][n] = _mm256_fmadd_ps(q[n], xv, p[i][n]);
+                    }
+                }
+            }
+            p
+        }
+    }
+
+    /// An exact x row scaled per field ([`PreparedX::prescaled`]): value
+    /// `v` of a word is masked in place, `q·2^(bits·v)`, whose convert is
+    /// exact and whose product with the scaled x is `q·x` exactly, so the
+    /// sums are bit-identical to the plain body's with one shift fewer per
+    /// value (the last value of a word is shifted down and not masked).
+    #[derive(Clone, Copy)]
+    pub(super) struct Prescaled<'x>(&'x [f32]);
+
+    impl<'x> XRow<'x> for Prescaled<'x> {
+        fn row(px: &'x PreparedX, i: usize, k: usize) -> Self {
+            Prescaled(&px.perm[i * k..][..k])
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize, const FULL: bool>(
+            x: &[Self; MR],
+            wv: &[__m256i; NR],
+            b0: usize,
+            lanes: usize,
+            mask: __m256i,
+        ) -> [[__m256; NR]; MR] {
+            let vpw = (32 / BITS) as usize;
+            let zero = _mm256_setzero_ps();
+            let mut p = [[zero; NR]; MR];
+            for v in 0..vpw {
+                let field = _mm256_set1_epi32((((1u32 << BITS) - 1) << (BITS as usize * v)) as i32);
+                let top = _mm_cvtsi32_si128((32 - BITS) as i32);
+                let mut q = [zero; NR];
+                for n in 0..NR {
+                    let bits = if v + 1 < vpw {
+                        _mm256_and_si256(wv[n], field)
+                    } else {
+                        _mm256_srl_epi32(wv[n], top)
+                    };
+                    q[n] = _mm256_cvtepi32_ps(bits);
+                }
+                for i in 0..MR {
+                    // SAFETY: as in the plain body.
+                    let xv = unsafe {
+                        let at = x[i].0.as_ptr().add(b0 * vpw + v * lanes);
                         if FULL {
                             _mm256_loadu_ps(at)
                         } else {
@@ -637,6 +698,59 @@ mod tests {
         }
     }
 
+    /// The prescaled exact body's sums equal the plain body's bit for bit
+    /// (every register block, short blocks, 4 and 8 bits, NaN and
+    /// infinity in x), and x holding a tiny value stays unscaled.
+    #[test]
+    fn prescaled_body_is_bit_identical() {
+        if !available() {
+            return;
+        }
+        let mut rng = Rng::new(0x5ca1e);
+        for (m, n, k, bits, group) in [
+            (1, 23, 576, 4, 32),
+            (3, 9, 576, 8, 32),
+            (6, 5, 96, 4, 32),
+            (5, 10, 384, 8, 128),
+            (2, 7, 4096, 4, 64),
+            (1, 6, 32, 4, 32),
+        ] {
+            let lay = Layout::new(bits, group, n, k).unwrap();
+            let (w, s, b, mut x) = random::<half::bf16>(&mut rng, (m, n, k), &lay);
+            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
+            let st = OutStrides {
+                x_stride: n,
+                w_stride: 1,
+            };
+            let run = |px: &PreparedX| {
+                let mut out = vec![f32::NAN; m * n];
+                dot_rows(px, 0..m, &wv, 0..n, &mut out, st);
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let what = format!("m={m} n={n} k={k} bits={bits}");
+            let plain = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, false);
+            let scaled = PreparedX::prescaled_with_lanes(x.chunks_exact(k), &lay);
+            assert!(!plain.prescaled && scaled.prescaled, "{what}");
+            assert_eq!(run(&plain), run(&scaled), "{what}");
+            x[k - 1] = f32::NAN;
+            x[k / 2] = f32::INFINITY;
+            let plain = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, false);
+            let scaled = PreparedX::prescaled_with_lanes(x.chunks_exact(k), &lay);
+            assert!(scaled.prescaled);
+            assert_eq!(run(&plain), run(&scaled), "{what} with NaN and inf");
+            // A value that 2^-24 would make subnormal: the last row keeps
+            // every row unscaled (earlier rows are scaled back).
+            x[(m - 1) * k + 3] = 1e-35;
+            let scaled = PreparedX::prescaled_with_lanes(x.chunks_exact(k), &lay);
+            let plain = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, false);
+            let bits = |px: &PreparedX| px.perm.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(
+                !scaled.prescaled && bits(&scaled) == bits(&plain),
+                "{what} tiny"
+            );
+        }
+    }
+
     /// Int16 x is not exact: the rounding the reference allows is real
     /// and far below int8's (the bound above is not vacuous); NaN in x
     /// reaches its row only, in a whole block and in a short one.
@@ -692,7 +806,13 @@ mod tests {
             return;
         }
         crate::kernels::cpu::qdot512::tests::speed_table(
-            |x, lay, int16| PreparedX::with_lanes(x.chunks_exact(lay.k), lay, 8, int16),
+            |x, lay, int16| {
+                if int16 {
+                    PreparedX::with_lanes(x.chunks_exact(lay.k), lay, 8, true)
+                } else {
+                    PreparedX::prescaled_with_lanes(x.chunks_exact(lay.k), lay)
+                }
+            },
             int16_available(),
         );
     }

@@ -178,6 +178,13 @@ impl<'a, T: Element> QView<'a, T> {
 pub(crate) struct PreparedX {
     /// f32 x in block order (empty when `int16` holds x).
     pub(crate) perm: Vec<f32>,
+    /// `perm`'s value `v` of each word scaled by `2^(-bits·v)` (the last
+    /// value of a word unscaled), for [`super::qdot256`]'s exact body, which
+    /// then masks each weight field in place instead of shifting it down:
+    /// `(q·2^(bits·v)) · (x·2^(-bits·v))` is the same product exactly. Set
+    /// only where that kernel reads `perm` and no scaled value would lose
+    /// bits (every nonzero |x| at least 2^-100).
+    pub(crate) prescaled: bool,
     pub(crate) group_sums: Vec<f32>,
     pub(crate) rows: usize,
     /// Words per block: 16 for [`super::qdot512`], 8 for [`super::qdot256`]
@@ -245,6 +252,7 @@ impl PreparedX {
                 let tiles = super::amx::AmxX::new(&natural, count, &group_sums, lay);
                 return PreparedX {
                     perm: Vec::new(),
+                    prescaled: false,
                     group_sums,
                     rows: count,
                     lanes,
@@ -255,10 +263,17 @@ impl PreparedX {
                 };
             }
             let int16 = int16_kernel(lanes);
-            return Self::build(natural.chunks_exact(lay.k), lay, lanes, int16, row_lanes);
+            return Self::build(
+                natural.chunks_exact(lay.k),
+                lay,
+                lanes,
+                int16,
+                row_lanes,
+                true,
+            );
         }
         let int16 = int16 && int16_kernel(lanes);
-        Self::build(rows, lay, lanes, int16, row_lanes)
+        Self::build(rows, lay, lanes, int16, row_lanes, true)
     }
 
     /// x in blocks of `lanes` words, f32 or (`int16`, where that lane
@@ -270,7 +285,17 @@ impl PreparedX {
         lanes: usize,
         int16: bool,
     ) -> Self {
-        Self::build(rows, lay, lanes, int16 && int16_kernel(lanes), false)
+        Self::build(rows, lay, lanes, int16 && int16_kernel(lanes), false, false)
+    }
+
+    /// x in 8-word blocks, exact, scaled for [`super::qdot256`]'s exact
+    /// body where it runs and x allows ([`PreparedX::prescaled`]).
+    #[cfg(test)]
+    pub(crate) fn prescaled_with_lanes<'x, T: Element>(
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
+        lay: &Layout,
+    ) -> Self {
+        Self::build(rows, lay, 8, false, false, true)
     }
 
     fn build<'x, T: Element>(
@@ -279,6 +304,7 @@ impl PreparedX {
         lanes: usize,
         int16: bool,
         row_lanes: bool,
+        prescale: bool,
     ) -> Self {
         let k = lay.k;
         let vpw = lay.vals_per_word;
@@ -294,6 +320,7 @@ impl PreparedX {
             && std::any::TypeId::of::<T>() == std::any::TypeId::of::<half::bf16>()
             && super::qdot512::bf16_available();
         let mut xb = bf16.then(|| super::qdot512::Bf16Rows::new(lay));
+        let mut prescaled = prescale && lanes == 8 && !int16 && super::qdot256::available();
         let mut blocked = Vec::new();
         for row in rows {
             T::load_f32(row, &mut natural);
@@ -313,11 +340,20 @@ impl PreparedX {
                 let start = perm.len();
                 perm.resize(start + k, 0.0);
                 to_block_order(&natural, &mut perm[start..], vpw, lanes);
+                if prescaled && natural.iter().any(|x| *x != 0.0 && x.abs() < TINY) {
+                    // Scaling back the rows before is exact: none held a tiny value.
+                    scale_by_field(&mut perm[..start], lay, lanes, false);
+                    prescaled = false;
+                }
+                if prescaled {
+                    scale_by_field(&mut perm[start..], lay, lanes, true);
+                }
             }
             count += 1;
         }
         PreparedX {
             perm,
+            prescaled,
             group_sums,
             rows: count,
             lanes,
@@ -341,6 +377,27 @@ fn int16_kernel(lanes: usize) -> bool {
 /// Σx over each group of `group` values (the biases' term).
 fn group_sums(x: &[f32], group: usize) -> impl Iterator<Item = f32> + '_ {
     x.chunks_exact(group).map(|g| g.iter().sum::<f32>())
+}
+
+/// The smallest nonzero |x| that [`PreparedX::prescaled`] scales: times
+/// 2^-24 (4-bit value 6) it stays a normal f32, so the scaling is exact.
+const TINY: f32 = 7.888_609e-31; // 2^-100
+
+/// Scales block-ordered x rows of `k` values (`lanes`-word blocks,
+/// value-major) for [`PreparedX::prescaled`]: value `v` of each word by
+/// `2^(-bits·v)` (`down`) or back by `2^(bits·v)`; the last value of a
+/// word stays.
+fn scale_by_field(dst: &mut [f32], lay: &Layout, lanes: usize, down: bool) {
+    let (vals_per_word, bits) = (lay.vals_per_word, lay.bits);
+    let block = lanes * vals_per_word;
+    for d in dst.chunks_mut(lay.k).flat_map(|row| row.chunks_mut(block)) {
+        let lanes = d.len() / vals_per_word;
+        for v in 1..vals_per_word - 1 {
+            let e = (bits as usize * v) as i32;
+            let f = if down { 2f32.powi(-e) } else { 2f32.powi(e) };
+            d[v * lanes..][..lanes].iter_mut().for_each(|x| *x *= f);
+        }
+    }
 }
 
 fn to_block_order(src: &[f32], dst: &mut [f32], vals_per_word: usize, lanes: usize) {
