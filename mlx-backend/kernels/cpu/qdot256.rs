@@ -147,36 +147,8 @@ pub(crate) mod x86 {
             lanes: usize,
             mask: __m256i,
         ) -> [[__m256; NR]; MR] {
-            let vpw = (32 / BITS) as usize;
-            let field = _mm256_set1_epi32(((1u32 << BITS) - 1) as i32);
-            let zero = _mm256_setzero_ps();
-            let mut p = [[zero; NR]; MR];
-            for v in 0..vpw {
-                let shift = _mm256_set1_epi32((BITS as usize * v) as i32);
-                let mut q = [zero; NR];
-                for n in 0..NR {
-                    q[n] = _mm256_cvtepi32_ps(_mm256_and_si256(
-                        _mm256_srlv_epi32(wv[n], shift),
-                        field,
-                    ));
-                }
-                for i in 0..MR {
-                    // SAFETY: the caller's block lies inside the row; short
-                    // blocks read through the mask.
-                    let xv = unsafe {
-                        let at = x[i].as_ptr().add(b0 * vpw + v * lanes);
-                        if FULL {
-                            _mm256_loadu_ps(at)
-                        } else {
-                            _mm256_maskload_ps(at, mask)
-                        }
-                    };
-                    for n in 0..NR {
-                        p[i][n] = _mm256_fmadd_ps(q[n], xv, p[i][n]);
-                    }
-                }
-            }
-            p
+            // SAFETY: the caller's contract.
+            unsafe { exact_partial::<Self, BITS, MR, NR, FULL, false>(x, wv, b0, lanes, mask) }
         }
     }
 
@@ -202,37 +174,74 @@ pub(crate) mod x86 {
             lanes: usize,
             mask: __m256i,
         ) -> [[__m256; NR]; MR] {
-            let vpw = (32 / BITS) as usize;
-            let zero = _mm256_setzero_ps();
-            let mut p = [[zero; NR]; MR];
-            for v in 0..vpw {
-                let field = _mm256_set1_epi32((((1u32 << BITS) - 1) << (BITS as usize * v)) as i32);
-                let top = _mm_cvtsi32_si128((32 - BITS) as i32);
-                let mut q = [zero; NR];
-                for n in 0..NR {
-                    let bits = if v + 1 < vpw {
-                        _mm256_and_si256(wv[n], field)
+            // SAFETY: the caller's contract.
+            unsafe { exact_partial::<Self, BITS, MR, NR, FULL, true>(x, wv, b0, lanes, mask) }
+        }
+    }
+
+    /// [`XRow::partial`] of exact f32 x: each value of the packed words
+    /// becomes f32 (`IN_PLACE`: masked where it sits, for x scaled per
+    /// field; otherwise shifted down and masked), then one FMA per x row.
+    ///
+    /// # Safety
+    /// As [`XRow::partial`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exact_partial<
+        X: Copy + AsRef<[f32]>,
+        const BITS: u32,
+        const MR: usize,
+        const NR: usize,
+        const FULL: bool,
+        const IN_PLACE: bool,
+    >(
+        x: &[X; MR],
+        wv: &[__m256i; NR],
+        b0: usize,
+        lanes: usize,
+        mask: __m256i,
+    ) -> [[__m256; NR]; MR] {
+        let vpw = (32 / BITS) as usize;
+        let low = (1u32 << BITS) - 1;
+        let zero = _mm256_setzero_ps();
+        let mut p = [[zero; NR]; MR];
+        for v in 0..vpw {
+            let shift = BITS as usize * v;
+            let mut q = [zero; NR];
+            for n in 0..NR {
+                let field = if !IN_PLACE {
+                    let down = _mm256_srlv_epi32(wv[n], _mm256_set1_epi32(shift as i32));
+                    _mm256_and_si256(down, _mm256_set1_epi32(low as i32))
+                } else if v + 1 < vpw {
+                    _mm256_and_si256(wv[n], _mm256_set1_epi32((low << shift) as i32))
+                } else {
+                    // The top field: shifted down, nothing above it to mask.
+                    _mm256_srl_epi32(wv[n], _mm_cvtsi32_si128(shift as i32))
+                };
+                q[n] = _mm256_cvtepi32_ps(field);
+            }
+            for i in 0..MR {
+                // SAFETY: the caller's block lies inside the row; short
+                // blocks read through the mask.
+                let xv = unsafe {
+                    let at = x[i].as_ref().as_ptr().add(b0 * vpw + v * lanes);
+                    if FULL {
+                        _mm256_loadu_ps(at)
                     } else {
-                        _mm256_srl_epi32(wv[n], top)
-                    };
-                    q[n] = _mm256_cvtepi32_ps(bits);
-                }
-                for i in 0..MR {
-                    // SAFETY: as in the plain body.
-                    let xv = unsafe {
-                        let at = x[i].0.as_ptr().add(b0 * vpw + v * lanes);
-                        if FULL {
-                            _mm256_loadu_ps(at)
-                        } else {
-                            _mm256_maskload_ps(at, mask)
-                        }
-                    };
-                    for n in 0..NR {
-                        p[i][n] = _mm256_fmadd_ps(q[n], xv, p[i][n]);
+                        _mm256_maskload_ps(at, mask)
                     }
+                };
+                for n in 0..NR {
+                    p[i][n] = _mm256_fmadd_ps(q[n], xv, p[i][n]);
                 }
             }
-            p
+        }
+        p
+    }
+
+    impl AsRef<[f32]> for Prescaled<'_> {
+        fn as_ref(&self) -> &[f32] {
+            self.0
         }
     }
 

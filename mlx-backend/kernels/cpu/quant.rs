@@ -390,11 +390,19 @@ const TINY: f32 = 7.888_609e-31; // 2^-100
 fn scale_by_field(dst: &mut [f32], lay: &Layout, lanes: usize, down: bool) {
     let (vals_per_word, bits) = (lay.vals_per_word, lay.bits);
     let block = lanes * vals_per_word;
+    let factor = |v: usize| {
+        let e = (bits as usize * v) as i32;
+        if down {
+            2f32.powi(-e)
+        } else {
+            2f32.powi(e)
+        }
+    };
+    // At most 8 values per word (4 bits); the last one stays unscaled.
+    let factors: [f32; 8] = std::array::from_fn(factor);
     for d in dst.chunks_mut(lay.k).flat_map(|row| row.chunks_mut(block)) {
         let lanes = d.len() / vals_per_word;
-        for v in 1..vals_per_word - 1 {
-            let e = (bits as usize * v) as i32;
-            let f = if down { 2f32.powi(-e) } else { 2f32.powi(e) };
+        for (v, f) in factors.iter().enumerate().take(vals_per_word - 1).skip(1) {
             d[v * lanes..][..lanes].iter_mut().for_each(|x| *x *= f);
         }
     }
