@@ -171,9 +171,15 @@ struct Team {
     barrier_round: AtomicUsize,
     parked: Mutex<usize>,
     wake: Condvar,
-    /// The CPU each helper last spun on (`-1`: unknown), so that a job
-    /// with barriers never puts two members on one CPU.
+    /// The CPU each helper last spun on (`-1`: unknown or parked), so
+    /// that a job with barriers never puts two members on one CPU.
     helper_cpus: [AtomicI32; MAX_MEMBERS],
+    /// Jobs running alone because they found a helper parked or on their
+    /// CPU: while one runs, the helpers keep spinning, so that the next job
+    /// has them (a job longer than [`SPIN`] would otherwise outlast their
+    /// spin, and every job after it would find them parked again and run
+    /// alone too: a step at single-thread speed until a pause let them go).
+    alone_while_helpers_spin: AtomicUsize,
 }
 
 /// One turn of a wait: a spin, and every 1024th a yield (`sched_yield`,
@@ -248,6 +254,7 @@ impl Team {
             parked: Mutex::new(0),
             wake: Condvar::new(),
             helper_cpus: std::array::from_fn(|_| AtomicI32::new(-1)),
+            alone_while_helpers_spin: AtomicUsize::new(0),
         }
     }
 
@@ -296,6 +303,9 @@ impl Team {
             if g != seen {
                 return g;
             }
+            // A parked helper holds no CPU: a caller that last saw it on
+            // its own CPU must wake it, not run alone until it migrates.
+            self.helper_cpus[id].store(-1, Ordering::Relaxed);
             *parked += 1;
             parked = self.wake.wait(parked).unwrap_or_else(|e| e.into_inner());
             *parked -= 1;
@@ -304,7 +314,7 @@ impl Team {
 
     /// A new generation within [`SPIN`], if one comes.
     fn spin_for_job(&self, id: usize, seen: u64) -> Option<u64> {
-        let start = Instant::now();
+        let mut start = Instant::now();
         let mut spins = 0u32;
         self.helper_cpus[id].store(current_cpu(), Ordering::Relaxed);
         loop {
@@ -318,7 +328,9 @@ impl Team {
             // (`kernels` bench, after MLX's call).
             spin_politely(&mut spins);
             if spins.is_multiple_of(1024) {
-                if start.elapsed() > SPIN {
+                if self.alone_while_helpers_spin.load(Ordering::Relaxed) > 0 {
+                    start = Instant::now();
+                } else if start.elapsed() > SPIN {
                     return None;
                 }
                 self.helper_cpus[id].store(current_cpu(), Ordering::Relaxed);
@@ -405,6 +417,26 @@ where
     run_job(team(), body, Helpers::All)
 }
 
+/// Counts a job in [`Team::alone_while_helpers_spin`] while it lives (a panic in
+/// the job included).
+struct AloneWhileHelpersSpin<'t>(&'t Team);
+
+impl<'t> AloneWhileHelpersSpin<'t> {
+    fn new(team: &'t Team) -> Self {
+        team.alone_while_helpers_spin
+            .fetch_add(1, Ordering::Relaxed);
+        AloneWhileHelpersSpin(team)
+    }
+}
+
+impl Drop for AloneWhileHelpersSpin<'_> {
+    fn drop(&mut self) {
+        self.0
+            .alone_while_helpers_spin
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Whether a job waits for every helper.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Helpers {
@@ -436,7 +468,10 @@ where
     if helpers == Helpers::All && team.shares_a_cpu_with_a_helper() {
         // Two members on one CPU would take turns at every barrier, a
         // scheduler slice each (a helper just woken on this CPU, before
-        // the scheduler moved one of them): alone is faster.
+        // the scheduler moved one of them): alone is faster. The helper
+        // spins on meanwhile (yielding), so that the scheduler moves it to
+        // the idle CPU rather than it parking behind a long job.
+        let _spinning = AloneWhileHelpersSpin::new(team);
         return alone(&body);
     }
     let parked = *team.parked.lock().unwrap_or_else(|e| e.into_inner());
@@ -446,6 +481,7 @@ where
             // A parked helper can take milliseconds to start (see the
             // module's doc), and a job with barriers would wait for it:
             // this one runs alone, the woken helpers join the next ones.
+            let _spinning = AloneWhileHelpersSpin::new(team);
             return alone(&body);
         }
     }
@@ -695,6 +731,36 @@ mod tests {
             .expect("the job waited for a parked helper");
         assert!(ok);
         assert_eq!(sizes, [1]);
+    }
+
+    /// A helper keeps spinning past [`SPIN`] while a job runs alone beside
+    /// it (else it parks behind a long job, and the next job finds it parked
+    /// and runs alone too), and parks once that job is over.
+    #[test]
+    fn a_helper_spins_on_while_a_job_runs_alone() {
+        let team: &'static Team = Box::leak(Box::new(Team::new(2)));
+        let guard = AloneWhileHelpersSpin::new(team);
+        let spinner = std::thread::spawn(move || team.spin_for_job(1, 0));
+        std::thread::sleep(SPIN * 4);
+        assert!(!spinner.is_finished(), "the helper stopped spinning");
+        drop(guard);
+        let started = Instant::now();
+        assert_eq!(spinner.join().unwrap(), None);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // A parked helper holds no CPU.
+        let waiter = std::thread::spawn(move || team.wait_for_job(1, 0));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while *team.parked.lock().unwrap() == 0 {
+            assert!(Instant::now() < deadline, "the helper never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(team.helper_cpus[1].load(Ordering::SeqCst), -1);
+        team.generation.store(1, Ordering::SeqCst);
+        {
+            let _lock = team.parked.lock().unwrap();
+            team.wake.notify_all();
+        }
+        assert_eq!(waiter.join().unwrap(), 1);
     }
 
     /// A job with barriers runs alone when a helper last spun on the
