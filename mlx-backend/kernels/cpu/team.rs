@@ -174,12 +174,13 @@ struct Team {
     /// The CPU each helper last spun on (`-1`: unknown or parked), so
     /// that a job with barriers never puts two members on one CPU.
     helper_cpus: [AtomicI32; MAX_MEMBERS],
-    /// Jobs running alone because they found a helper parked or on their
-    /// CPU: while one runs, the helpers keep spinning, so that the next job
-    /// has them (a job longer than [`SPIN`] would otherwise outlast their
-    /// spin, and every job after it would find them parked again and run
-    /// alone too: a step at single-thread speed until a pause let them go).
-    alone_while_helpers_spin: AtomicUsize,
+    /// A job holds the team (`busy`): helpers not in it keep spinning until
+    /// it ends, so that the next job has them. A job that found a helper
+    /// parked or on its CPU runs alone, and one longer than [`SPIN`] would
+    /// otherwise outlast the helper's spin: every job after it would find
+    /// the helper parked again and run alone too (a step at single-thread
+    /// speed until a pause let the helper go).
+    job_in_flight: AtomicBool,
 }
 
 /// One turn of a wait: a spin, and every 1024th a yield (`sched_yield`,
@@ -254,7 +255,7 @@ impl Team {
             parked: Mutex::new(0),
             wake: Condvar::new(),
             helper_cpus: std::array::from_fn(|_| AtomicI32::new(-1)),
-            alone_while_helpers_spin: AtomicUsize::new(0),
+            job_in_flight: AtomicBool::new(false),
         }
     }
 
@@ -328,7 +329,7 @@ impl Team {
             // (`kernels` bench, after MLX's call).
             spin_politely(&mut spins);
             if spins.is_multiple_of(1024) {
-                if self.alone_while_helpers_spin.load(Ordering::Relaxed) > 0 {
+                if self.job_in_flight.load(Ordering::Relaxed) {
                     start = Instant::now();
                 } else if start.elapsed() > SPIN {
                     return None;
@@ -417,23 +418,20 @@ where
     run_job(team(), body, Helpers::All)
 }
 
-/// Counts a job in [`Team::alone_while_helpers_spin`] while it lives (a panic in
-/// the job included).
-struct AloneWhileHelpersSpin<'t>(&'t Team);
+/// Sets [`Team::job_in_flight`] while it lives (a panic in the job
+/// included); made by the caller that holds `busy`.
+struct JobInFlight<'t>(&'t Team);
 
-impl<'t> AloneWhileHelpersSpin<'t> {
+impl<'t> JobInFlight<'t> {
     fn new(team: &'t Team) -> Self {
-        team.alone_while_helpers_spin
-            .fetch_add(1, Ordering::Relaxed);
-        AloneWhileHelpersSpin(team)
+        team.job_in_flight.store(true, Ordering::Relaxed);
+        JobInFlight(team)
     }
 }
 
-impl Drop for AloneWhileHelpersSpin<'_> {
+impl Drop for JobInFlight<'_> {
     fn drop(&mut self) {
-        self.0
-            .alone_while_helpers_spin
-            .fetch_sub(1, Ordering::Relaxed);
+        self.0.job_in_flight.store(false, Ordering::Relaxed);
     }
 }
 
@@ -465,13 +463,13 @@ where
     let Ok(_guard) = team.busy.try_lock() else {
         return alone(&body);
     };
+    let _in_flight = JobInFlight::new(team);
     if helpers == Helpers::All && team.shares_a_cpu_with_a_helper() {
         // Two members on one CPU would take turns at every barrier, a
         // scheduler slice each (a helper just woken on this CPU, before
         // the scheduler moved one of them): alone is faster. The helper
-        // spins on meanwhile (yielding), so that the scheduler moves it to
-        // the idle CPU rather than it parking behind a long job.
-        let _spinning = AloneWhileHelpersSpin::new(team);
+        // spins on meanwhile (yielding, see `job_in_flight`), so that the
+        // scheduler moves it to the idle CPU.
         return alone(&body);
     }
     let parked = *team.parked.lock().unwrap_or_else(|e| e.into_inner());
@@ -481,7 +479,6 @@ where
             // A parked helper can take milliseconds to start (see the
             // module's doc), and a job with barriers would wait for it:
             // this one runs alone, the woken helpers join the next ones.
-            let _spinning = AloneWhileHelpersSpin::new(team);
             return alone(&body);
         }
     }
@@ -733,13 +730,13 @@ mod tests {
         assert_eq!(sizes, [1]);
     }
 
-    /// A helper keeps spinning past [`SPIN`] while a job runs alone beside
-    /// it (else it parks behind a long job, and the next job finds it parked
-    /// and runs alone too), and parks once that job is over.
+    /// A helper keeps spinning past [`SPIN`] while a job holds the team
+    /// (else it parks behind a long job that runs alone, and the next job
+    /// finds it parked and runs alone too), and parks once that job is over.
     #[test]
     fn a_helper_spins_on_while_a_job_runs_alone() {
         let team: &'static Team = Box::leak(Box::new(Team::new(2)));
-        let guard = AloneWhileHelpersSpin::new(team);
+        let guard = JobInFlight::new(team);
         let spinner = std::thread::spawn(move || team.spin_for_job(1, 0));
         std::thread::sleep(SPIN * 4);
         assert!(!spinner.is_finished(), "the helper stopped spinning");
