@@ -109,8 +109,9 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    /// Software prefetch distance in bytes for the weight rows.
-    const PREFETCH: usize = 2048;
+    /// Software prefetch distance in bytes past the end of the weight rows
+    /// being read (see [`kernel`]).
+    const PREFETCH: usize = 4096;
 
     /// One prepared x row as the kernel reads it: f32 in block order, or
     /// int16 pairs with per-word scales.
@@ -485,16 +486,27 @@ pub(crate) mod x86 {
         let ones = _mm256_set1_epi32(-1);
         let log2 = lay.words_per_group_log2;
         let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        // Rows stream from memory, and the NR rows are adjacent: each block
+        // consumes NR·32 bytes of them, and asks for as many bytes PREFETCH
+        // past their end, so the hints run ahead of the region as a whole
+        // (rows of the next call included). Per-row hints PREFETCH past
+        // each row's own position ran only ~1 KB ahead of the region's
+        // front with 768-byte rows; decode steps were 10–30% slower on the
+        // Zen 3. Hints never fault, even past the end.
+        let ahead = rows[0]
+            .w
+            .as_ptr()
+            .cast::<i8>()
+            .wrapping_add(NR * words * 4 + PREFETCH);
         for b in 0..full {
             let b0 = 8 * b;
             let mut wv = [ones; NR];
+            let at = ahead.wrapping_add(b * NR * 32);
+            for line in 0..(NR * 32).div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line));
+            }
             for n in 0..NR {
                 let at = rows[n].w.as_ptr().wrapping_add(b0);
-                // Rows stream from memory: ask for the line PREFETCH ahead
-                // once per two blocks (a hint, never a fault, even past the end).
-                if b % 2 == 0 {
-                    _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(PREFETCH));
-                }
                 // SAFETY: whole blocks lie inside every row.
                 wv[n] = unsafe { _mm256_loadu_si256(at.cast()) };
             }
