@@ -3,28 +3,24 @@
 //! model's vocabulary: `cargo bench --bench sampler`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use mlx_backend::ops::random;
 use mlx_backend::runner::sampler::greedy_rows;
-use mlx_backend::Array;
+use mlx_backend::{Array, Dtype};
 use std::hint::black_box;
 
 const VOCAB: usize = 49152;
 
-/// Logits in (-8, 8) from a xorshift stream (fresh values, no ties planted).
-fn logits(rows: usize) -> Vec<f32> {
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    (0..rows * VOCAB)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 8.0
-        })
-        .collect()
+/// Fresh normal logits (scale 4) from MLX's generator, read back.
+fn logits(rows: usize, seed: u64) -> Vec<f32> {
+    let key = random::key(seed).unwrap();
+    let shape = [rows as i32, VOCAB as i32];
+    let a = random::normal(&shape, Dtype::F32, 0.0, 4.0, Some(&key)).unwrap();
+    a.to_vec::<f32>().unwrap()
 }
 
 fn bench(c: &mut Criterion) {
     for rows in [1usize, 8] {
-        let host = logits(rows);
+        let host = logits(rows, rows as u64);
         let array = Array::from_slice(&host, &[rows as i32, VOCAB as i32]).unwrap();
         array.eval().unwrap();
         let mlx = || -> Vec<u32> {
