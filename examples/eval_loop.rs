@@ -17,8 +17,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let which = args.get(1).map(String::as_str).unwrap_or("rms_norm");
     let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
-    let x = normal(&[1, 576], 1);
-    let w = normal(&[576], 2);
+    // `HIDDEN=4096` for the larger decode row (default 576).
+    let hidden: i32 = std::env::var("HIDDEN")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(576);
+    let x = normal(&[1, hidden], 1);
+    let w = normal(&[hidden], 2);
     let y = normal(&[1, 1, 4, 2048], 3);
     let s = normal(&[1, 1, 4], 4);
     let op: Box<dyn Fn() -> Array> = match which {

@@ -5,15 +5,20 @@
 //! widens and packs 8 values at a time through the shuffle port instead,
 //! which bounds it on large rows.
 //!
-//! Only for finite data (the caller checks): NaN then cannot arise, so the
-//! round-to-nearest-even skips the quiet-NaN blend. Results are
+//! Only for finite x and scale (the caller checks); the weight may hold
+//! anything. The round-to-nearest-even skips the generic body's quiet-NaN
+//! blend because every NaN here comes out of a multiply whose inputs are
+//! widened bf16 values (low 16 bits zero) or finite: the multiply returns
+//! a quiet NaN with those bits still zero (or the default NaN), and adding
+//! at most `0x8000` to them cannot carry into the high half, so the NaN
+//! rounds to itself, as the blend would make it. Results are
 //! bit-identical to `simd::scale_mul_to`.
 
 use half::bf16;
 
 /// `out[i] = bf16(bf16(f32(x[i]) · s) · f32(w[i]))` when AVX2 is present;
-/// returns false (writing nothing) otherwise. `x`, `w` and every product
-/// must be finite or overflow to infinity, never NaN.
+/// returns false (writing nothing) otherwise. `x` and `s` must be finite
+/// (their product may overflow to infinity); `w` may hold NaN or infinity.
 pub(crate) fn scale_mul_finite(x: &[bf16], s: f32, w: &[bf16], out: &mut [bf16]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::cpu::simd::has_avx2_fma() {
@@ -31,7 +36,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// f32 bits rounded to bf16 (low 16 bits cleared), nearest-even by
-    /// adding `0x7FFF + lsb`; overflow carries into infinity. No NaN input.
+    /// adding `0x7FFF + lsb`; overflow carries into infinity. A NaN input
+    /// must have its low 16 bits zero (then it is returned as it is).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     fn round_finite(v: __m256) -> __m256i {
@@ -97,6 +103,35 @@ mod tests {
                 }
                 for (i, (g, e)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(g.to_bits(), e.to_bits(), "n={n} s={scale} i={i}");
+                }
+            }
+        }
+    }
+
+    /// Weights holding NaN (quiet, signalling, negative, the largest
+    /// payload) or infinity, and scales whose product overflows to
+    /// infinity before meeting a zero weight (the default NaN).
+    #[test]
+    fn non_finite_weights_are_bit_identical_to_the_generic_body() {
+        let mut rng = Rng::new(0xbf16_0002);
+        let specials = [
+            0x7FC0u16, 0x7F81, 0xFFC0, 0xFF81, 0x7FFF, 0xFFFF, 0x7F80, 0xFF80, 0, 0x8000,
+        ];
+        for n in [16, 37, 576] {
+            for scale in [0.7f32, 3.0e38] {
+                let x: Vec<bf16> = rng.elems(n, 4.0);
+                let mut w: Vec<bf16> = rng.elems(n, 2.0);
+                for (i, bits) in specials.iter().cycle().take(n / 3).enumerate() {
+                    w[(i * 7) % n] = bf16::from_bits(*bits);
+                }
+                let mut want = vec![bf16::NAN; n];
+                let mut got = vec![bf16::NAN; n];
+                simd::scale_mul_to(&x, scale, &w, &mut want);
+                if !scale_mul_finite(&x, scale, &w, &mut got) {
+                    return; // no AVX2 here: nothing to compare
+                }
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), e.to_bits(), "n={n} s={scale} i={i} w={}", w[i]);
                 }
             }
         }

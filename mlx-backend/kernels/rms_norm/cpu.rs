@@ -45,18 +45,9 @@ pub fn rms_norm<T: Element>(
         return Ok(());
     }
     let w = &w[..hidden];
-    let w_finite = finite_bf16_weight(w);
     let row = |r: usize, out_row: &mut [T]| {
         let x_row = &x[r * x_row_stride..][..hidden];
-        scale_row(
-            x_row,
-            simd::sum_squares_of(x_row),
-            hidden,
-            eps,
-            w,
-            w_finite,
-            out_row,
-        );
+        scale_row(x_row, simd::sum_squares_of(x_row), hidden, eps, w, out_row);
     };
     // Rows split over the CPU team when the call is large enough.
     for_chunks(
@@ -103,7 +94,6 @@ pub fn rms_norm_residual<T: Element>(
         return Ok(());
     }
     let w = &w[..hidden];
-    let w_finite = finite_bf16_weight(w);
     let row = |r: usize, normed: &mut [T], sum: &mut [T]| {
         // The norm sees the sum as MLX's add leaves it: rounded to T.
         let ss = simd::add_to_sum_squares(
@@ -111,7 +101,7 @@ pub fn rms_norm_residual<T: Element>(
             &residual[r * residual_row_stride..][..hidden],
             sum,
         );
-        scale_row(sum, ss, hidden, eps, w, w_finite, normed);
+        scale_row(sum, ss, hidden, eps, w, normed);
     };
     if rows * hidden > PAR_MIN_ELEMS && !team::in_team() {
         let (normed, sums) = (SharedSlice::new(out_normed), SharedSlice::new(out_sum));
@@ -143,21 +133,13 @@ pub fn rms_norm_residual<T: Element>(
 }
 
 /// The second pass over a row: `out = T(T(x · inv_rms) · w)`. A bf16 row
-/// whose sum of squares, scale and weight are finite has no NaN to carry,
-/// so it takes the shuffle-free body (bit-identical; the generic one is
-/// bound by its widening and packing shuffles on large rows).
-#[allow(clippy::too_many_arguments)]
-fn scale_row<T: Element>(
-    x: &[T],
-    sum_sq: f32,
-    hidden: usize,
-    eps: f32,
-    w: &[T],
-    w_finite: bool,
-    out: &mut [T],
-) {
+/// whose sum of squares and scale are finite (so x is finite) takes the
+/// shuffle-free body, bit-identical whatever the weight holds (see
+/// [`bf16_pairs::scale_mul_finite`]); the generic one is bound by its
+/// widening and packing shuffles on large rows.
+fn scale_row<T: Element>(x: &[T], sum_sq: f32, hidden: usize, eps: f32, w: &[T], out: &mut [T]) {
     let s = inv_rms(sum_sq, hidden, eps);
-    if w_finite && sum_sq.is_finite() && s.is_finite() {
+    if sum_sq.is_finite() && s.is_finite() {
         if let (Some(x), Some(w), Some(out)) = (as_bf16(x), as_bf16(w), as_bf16_mut(out)) {
             if bf16_pairs::scale_mul_finite(x, s, w, out) {
                 return;
@@ -165,14 +147,6 @@ fn scale_row<T: Element>(
         }
     }
     simd::scale_mul_to(x, s, w, out);
-}
-
-/// Whether `w` is bf16 and all finite (then a finite row cannot produce NaN).
-/// A branch-free fold over the exponent bits, so it vectorises (an
-/// early-exit `all` did not, and cost 5% of a decode-sized call).
-fn finite_bf16_weight<T: Element>(w: &[T]) -> bool {
-    const EXP: u16 = 0x7F80;
-    as_bf16(w).is_some_and(|w| w.iter().fold(true, |ok, v| ok & (v.to_bits() & EXP != EXP)))
 }
 
 fn as_bf16<T: Element>(v: &[T]) -> Option<&[bf16]> {
