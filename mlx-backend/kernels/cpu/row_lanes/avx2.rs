@@ -191,12 +191,77 @@ unsafe fn load_params<P: Element>(p: *const P, n: usize) -> __m256i {
     }
 }
 
-/// [`drive`]'s per-tile buffers, kept per thread between calls.
+/// [`drive`]'s per-tile buffers and its x rows interleaved per pass,
+/// kept per thread between calls.
 #[derive(Default)]
 struct TileScratch {
     words: Vec<__m256i>,
     scales: Vec<__m256>,
     biases: Vec<__m256>,
+    x: PassX,
+}
+
+/// x rows `i0..i0 + R` of a pass interleaved, so that the R values a pass
+/// needs together are adjacent and one base register addresses them all:
+/// pair `j` of row `i` at `j · R + i`, its group `g`'s scale and Σx at
+/// `g · R + i`. With the rows apart (one pointer each) a pass at 8 rows ran
+/// out of registers and reloaded a row's pointer from the stack before
+/// each broadcast, a second load per `vpmaddwd`.
+#[derive(Default)]
+struct PassX {
+    pairs: Vec<i32>,
+    scales: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+impl PassX {
+    /// Every pass of `xrows` (blocks of [`MR`] rows, the last shorter), one
+    /// after another: block `b` starts at `b · MR` rows' worth of entries.
+    fn fill(&mut self, x: &GroupInt16Rows, group_sums: &[f32], xrows: Range<usize>) {
+        let (row_pairs, groups) = (x.row_pairs, x.groups);
+        let rows = xrows.len();
+        self.pairs.resize(rows * row_pairs, 0);
+        self.scales.resize(rows * groups, 0.0);
+        self.sums.resize(rows * groups, 0.0);
+        let mut i0 = xrows.start;
+        while i0 < xrows.end {
+            let r = (xrows.end - i0).min(MR);
+            let b = i0 - xrows.start;
+            let pairs = &mut self.pairs[b * row_pairs..][..r * row_pairs];
+            let scales = &mut self.scales[b * groups..][..r * groups];
+            let sums = &mut self.sums[b * groups..][..r * groups];
+            for i in 0..r {
+                let (row, row_scales) = x.row(i0 + i);
+                for (d, &v) in pairs[i..].iter_mut().step_by(r).zip(row) {
+                    *d = v;
+                }
+                for (d, &v) in scales[i..].iter_mut().step_by(r).zip(row_scales) {
+                    *d = v;
+                }
+                let row_sums = &group_sums[(i0 + i) * groups..][..groups];
+                for (d, &v) in sums[i..].iter_mut().step_by(r).zip(row_sums) {
+                    *d = v;
+                }
+            }
+            i0 += r;
+        }
+    }
+
+    /// The pass of rows `b..b + r` (offsets into `xrows`).
+    fn block(&self, b: usize, r: usize, row_pairs: usize, groups: usize) -> PassRows<'_> {
+        PassRows {
+            pairs: &self.pairs[b * row_pairs..][..r * row_pairs],
+            scales: &self.scales[b * groups..][..r * groups],
+            sums: &self.sums[b * groups..][..r * groups],
+        }
+    }
+}
+
+/// One pass's x, interleaved as [`PassX`] lays it out.
+struct PassRows<'a> {
+    pairs: &'a [i32],
+    scales: &'a [f32],
+    sums: &'a [f32],
 }
 
 thread_local! {
@@ -224,11 +289,14 @@ pub(super) unsafe fn drive<P: Element, const BITS: u32>(
     scratch.words.resize(words, _mm256_setzero_si256());
     scratch.scales.resize(groups, _mm256_setzero_ps());
     scratch.biases.resize(groups, _mm256_setzero_ps());
+    scratch.x.fill(x, group_sums, xrows.clone());
     let TileScratch {
         words: wt,
         scales,
         biases,
+        x: px,
     } = &mut scratch;
+    let (row_pairs, px) = (x.row_pairs, &*px);
     let (wt, scales, biases) = (
         &mut wt[..words],
         &mut scales[..groups],
@@ -275,17 +343,18 @@ pub(super) unsafe fn drive<P: Element, const BITS: u32>(
         while i < xrows.end {
             let mr = (xrows.end - i).min(MR);
             let pf = &mut prefetch;
-            // SAFETY: `i..i + mr` are x rows; the tile holds whole rows.
+            let xs = px.block(i - xrows.start, mr, row_pairs, groups);
+            // SAFETY: the pass holds mr whole rows; the tile holds whole rows.
             let res = unsafe {
                 match mr {
-                    8 => pass::<BITS, 8>(x, group_sums, i, &tile, lay, pf),
-                    7 => pass::<BITS, 7>(x, group_sums, i, &tile, lay, pf),
-                    6 => pass::<BITS, 6>(x, group_sums, i, &tile, lay, pf),
-                    5 => pass::<BITS, 5>(x, group_sums, i, &tile, lay, pf),
-                    4 => pass::<BITS, 4>(x, group_sums, i, &tile, lay, pf),
-                    3 => pass::<BITS, 3>(x, group_sums, i, &tile, lay, pf),
-                    2 => pass::<BITS, 2>(x, group_sums, i, &tile, lay, pf),
-                    _ => pass::<BITS, 1>(x, group_sums, i, &tile, lay, pf),
+                    8 => pass::<BITS, 8>(&xs, &tile, lay, pf),
+                    7 => pass::<BITS, 7>(&xs, &tile, lay, pf),
+                    6 => pass::<BITS, 6>(&xs, &tile, lay, pf),
+                    5 => pass::<BITS, 5>(&xs, &tile, lay, pf),
+                    4 => pass::<BITS, 4>(&xs, &tile, lay, pf),
+                    3 => pass::<BITS, 3>(&xs, &tile, lay, pf),
+                    2 => pass::<BITS, 2>(&xs, &tile, lay, pf),
+                    _ => pass::<BITS, 1>(&xs, &tile, lay, pf),
                 }
             };
             for (di, v) in res.iter().take(mr).enumerate() {
@@ -316,9 +385,9 @@ struct Tile<'t> {
     biases: &'t [__m256],
 }
 
-/// x rows `i0..i0 + R` against `tile`, issuing `prefetch`'s hints over its
-/// groups: lane j of result `i` is x row `i0 + i` against the tile's weight
-/// row j. Returns [`MR`] vectors, the first R used. Unlike the AVX-512
+/// The R x rows of `xs` against `tile`, issuing `prefetch`'s hints over its
+/// groups: lane j of result `i` is the pass's x row `i` against the tile's
+/// weight row j. Returns [`MR`] vectors, the first R used. Unlike the AVX-512
 /// body this one does not drain the thread's background regions
 /// ([`super::prefetch_in_background`]): on a Zen 3 with a 512 KB L2 the
 /// decode block's KV rows prefetched during its q/k/v projections made
@@ -327,9 +396,7 @@ struct Tile<'t> {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pass<const BITS: u32, const R: usize>(
-    x: &GroupInt16Rows,
-    group_sums: &[f32],
-    i0: usize,
+    xs: &PassRows,
     tile: &Tile,
     lay: &Layout,
     prefetch: &mut Prefetch<[(*const i8, usize); 3]>,
@@ -340,8 +407,7 @@ unsafe fn pass<const BITS: u32, const R: usize>(
     let per_group = prefetch.lines().div_ceil(groups.max(1));
     let words_per_group = lay.group_size / lay.vals_per_word;
     let field = _mm256_set1_epi32(if BITS == 4 { 0x000F_000F } else { 0x00FF_00FF });
-    let rows: [(&[i32], &[f32]); R] = std::array::from_fn(|i| x.row(i0 + i));
-    let sums: [&[f32]; R] = std::array::from_fn(|i| &group_sums[(i0 + i) * groups..][..groups]);
+    debug_assert!(xs.pairs.len() == R * lay.k / 2 && xs.scales.len() == R * groups);
     let mut res = [_mm256_setzero_ps(); MR];
     for g in 0..groups {
         prefetch.issue(per_group);
@@ -353,18 +419,24 @@ unsafe fn pass<const BITS: u32, const R: usize>(
                     _mm256_srlv_epi32(word, _mm256_set1_epi32((BITS as usize * p) as i32)),
                     field,
                 );
-                for i in 0..R {
-                    // SAFETY: word wi < words_per_row and p < half: inside the row's pairs.
-                    let pair = unsafe { *rows[i].0.get_unchecked(wi * half + p) };
+                let at = (wi * half + p) * R;
+                for (i, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: word wi < words_per_row and p < half: inside the pass's pairs.
+                    let pair = unsafe { *xs.pairs.get_unchecked(at + i) };
                     let xv = _mm256_set1_epi32(pair);
-                    acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(q, xv));
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(q, xv));
                 }
             }
         }
         let (s, b) = (scales[g], biases[g]);
         for i in 0..R {
-            // SAFETY: g < groups, the length of both rows.
-            let (d, sum) = unsafe { (*rows[i].1.get_unchecked(g), *sums[i].get_unchecked(g)) };
+            // SAFETY: g < groups: inside the pass's scales and sums.
+            let (d, sum) = unsafe {
+                (
+                    *xs.scales.get_unchecked(g * R + i),
+                    *xs.sums.get_unchecked(g * R + i),
+                )
+            };
             let t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_set1_ps(d));
             res[i] = _mm256_fmadd_ps(t, s, res[i]);
             res[i] = _mm256_fmadd_ps(b, _mm256_set1_ps(sum), res[i]);
