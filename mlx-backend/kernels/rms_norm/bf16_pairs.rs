@@ -88,6 +88,22 @@ mod tests {
     use super::*;
     use crate::kernels::cpu::simd::{self, test_util::Rng};
 
+    /// The shuffle-free body against `simd::scale_mul_to`, bit for bit;
+    /// false (nothing compared) without AVX2.
+    fn matches_generic_body(x: &[bf16], scale: f32, w: &[bf16], what: &str) -> bool {
+        let n = x.len();
+        let mut want = vec![bf16::NAN; n];
+        let mut got = vec![bf16::NAN; n];
+        simd::scale_mul_to(x, scale, w, &mut want);
+        if !scale_mul_finite(x, scale, w, &mut got) {
+            return false;
+        }
+        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), e.to_bits(), "{what} i={i} w={}", w[i]);
+        }
+        true
+    }
+
     #[test]
     fn bit_identical_to_the_generic_body() {
         let mut rng = Rng::new(0xbf16_0001);
@@ -95,14 +111,8 @@ mod tests {
             for scale in [1e-3f32, 0.7, 3.0, 1e30] {
                 let x: Vec<bf16> = rng.elems(n, 4.0);
                 let w: Vec<bf16> = rng.elems(n, 2.0);
-                let mut want = vec![bf16::NAN; n];
-                let mut got = vec![bf16::NAN; n];
-                simd::scale_mul_to(&x, scale, &w, &mut want);
-                if !scale_mul_finite(&x, scale, &w, &mut got) {
+                if !matches_generic_body(&x, scale, &w, &format!("n={n} s={scale}")) {
                     return; // no AVX2 here: nothing to compare
-                }
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(g.to_bits(), e.to_bits(), "n={n} s={scale} i={i}");
                 }
             }
         }
@@ -124,14 +134,8 @@ mod tests {
                 for (i, bits) in specials.iter().cycle().take(n / 3).enumerate() {
                     w[(i * 7) % n] = bf16::from_bits(*bits);
                 }
-                let mut want = vec![bf16::NAN; n];
-                let mut got = vec![bf16::NAN; n];
-                simd::scale_mul_to(&x, scale, &w, &mut want);
-                if !scale_mul_finite(&x, scale, &w, &mut got) {
+                if !matches_generic_body(&x, scale, &w, &format!("n={n} s={scale}")) {
                     return; // no AVX2 here: nothing to compare
-                }
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(g.to_bits(), e.to_bits(), "n={n} s={scale} i={i} w={}", w[i]);
                 }
             }
         }

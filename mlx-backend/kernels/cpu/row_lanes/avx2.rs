@@ -212,6 +212,9 @@ struct PassX {
     pairs: Vec<i32>,
     scales: Vec<f32>,
     sums: Vec<f32>,
+    /// Pairs and groups per x row, as `fill` last saw them.
+    row_pairs: usize,
+    groups: usize,
 }
 
 impl PassX {
@@ -219,6 +222,7 @@ impl PassX {
     /// after another: block `b` starts at `b · MR` rows' worth of entries.
     fn fill(&mut self, x: &GroupInt16Rows, group_sums: &[f32], xrows: Range<usize>) {
         let (row_pairs, groups) = (x.row_pairs, x.groups);
+        (self.row_pairs, self.groups) = (row_pairs, groups);
         let rows = xrows.len();
         self.pairs.resize(rows * row_pairs, 0);
         self.scales.resize(rows * groups, 0.0);
@@ -232,28 +236,29 @@ impl PassX {
             let sums = &mut self.sums[b * groups..][..r * groups];
             for i in 0..r {
                 let (row, row_scales) = x.row(i0 + i);
-                for (d, &v) in pairs[i..].iter_mut().step_by(r).zip(row) {
-                    *d = v;
-                }
-                for (d, &v) in scales[i..].iter_mut().step_by(r).zip(row_scales) {
-                    *d = v;
-                }
-                let row_sums = &group_sums[(i0 + i) * groups..][..groups];
-                for (d, &v) in sums[i..].iter_mut().step_by(r).zip(row_sums) {
-                    *d = v;
-                }
+                interleave(pairs, i, r, row);
+                interleave(scales, i, r, row_scales);
+                interleave(sums, i, r, &group_sums[(i0 + i) * groups..][..groups]);
             }
             i0 += r;
         }
     }
 
-    /// The pass of rows `b..b + r` (offsets into `xrows`).
-    fn block(&self, b: usize, r: usize, row_pairs: usize, groups: usize) -> PassRows<'_> {
+    /// The pass of rows `b..b + r` (offsets into the filled `xrows`).
+    fn block(&self, b: usize, r: usize) -> PassRows<'_> {
+        let (row_pairs, groups) = (self.row_pairs, self.groups);
         PassRows {
             pairs: &self.pairs[b * row_pairs..][..r * row_pairs],
             scales: &self.scales[b * groups..][..r * groups],
             sums: &self.sums[b * groups..][..r * groups],
         }
+    }
+}
+
+/// Row `i`'s values into `dst` at `i`, `i + r`, `i + 2r`, …
+fn interleave<T: Copy>(dst: &mut [T], i: usize, r: usize, row: &[T]) {
+    for (d, &v) in dst[i..].iter_mut().step_by(r).zip(row) {
+        *d = v;
     }
 }
 
@@ -296,7 +301,7 @@ pub(super) unsafe fn drive<P: Element, const BITS: u32>(
         biases,
         x: px,
     } = &mut scratch;
-    let (row_pairs, px) = (x.row_pairs, &*px);
+    let px = &*px;
     let (wt, scales, biases) = (
         &mut wt[..words],
         &mut scales[..groups],
@@ -343,7 +348,7 @@ pub(super) unsafe fn drive<P: Element, const BITS: u32>(
         while i < xrows.end {
             let mr = (xrows.end - i).min(MR);
             let pf = &mut prefetch;
-            let xs = px.block(i - xrows.start, mr, row_pairs, groups);
+            let xs = px.block(i - xrows.start, mr);
             // SAFETY: the pass holds mr whole rows; the tile holds whole rows.
             let res = unsafe {
                 match mr {
