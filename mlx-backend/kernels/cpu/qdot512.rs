@@ -901,26 +901,10 @@ pub(crate) mod x86 {
                         // SAFETY (all loads below): the caller's masks bound them.
                         wv[n] =
                             unsafe { _mm512_maskz_loadu_epi32(mask, w[n].as_ptr().add(b0).cast()) };
-                        // Rows stream from memory: ask for the bytes PREFETCH ahead (a
-                        // hint, never a fault, even past the end).
-                        let ahead = w[n]
-                            .as_ptr()
-                            .wrapping_add(b0)
-                            .cast::<i8>()
-                            .wrapping_add(PREFETCH);
-                        _mm_prefetch::<_MM_HINT_T0>(ahead);
                     }
                     // SAFETY: the caller's masks bound the x loads.
                     let p = unsafe { X::partial::<BITS, MR, NR>(x, &wv, b0, lanes, mask) };
                     for n in 0..NR {
-                        for src in [params[n].0, params[n].1] {
-                            let ahead = src
-                                .as_ptr()
-                                .wrapping_add(g0)
-                                .cast::<i8>()
-                                .wrapping_add(PREFETCH / 4);
-                            _mm_prefetch::<_MM_HINT_T0>(ahead);
-                        }
                         let sv = unsafe { lane_params(params[n].0, g0, gmask, lane_group) };
                         for i in 0..MR {
                             acc[i][n] = _mm512_fmadd_ps(p[i][n], sv, acc[i][n]);
@@ -958,8 +942,38 @@ pub(crate) mod x86 {
                     let full = words / 16;
                     let groups_per_block = (16 >> log2).max(1);
                     let gmask_full: __mmask16 = (1 << groups_per_block) - 1;
+                    // Rows stream from memory, and the NR rows are adjacent: the
+                    // hints run PREFETCH past the end of the NR rows as one region
+                    // (into the next register block's rows), a share of the
+                    // region's bytes per whole block. Per-row hints PREFETCH past
+                    // each row's own position ran only ~1 KB ahead of the region
+                    // with 768-byte rows, and the batch-1 sweep of the default
+                    // model's matrices took ~8 ms against ~6–7 now on a Zen 4
+                    // (`tests::sweep_from_memory`). Hints never fault, even past
+                    // the end.
+                    let region = NR * words * 4;
+                    let per_block = region.div_ceil(full.max(1));
+                    let ahead = w[0].as_ptr().cast::<i8>().wrapping_add(region + PREFETCH);
+                    // The rows' scales and biases are adjacent too: their region,
+                    // PREFETCH / 4 past its end, once per call (a few lines; the
+                    // per-block hints of each row's params were 8 per block at
+                    // NR = 4, mostly for lines already asked for).
+                    let params_region = NR * lay.groups_per_row * std::mem::size_of::<P>();
+                    for src in [params[0].0, params[0].1] {
+                        let at = src
+                            .as_ptr()
+                            .cast::<i8>()
+                            .wrapping_add(params_region + PREFETCH / 4);
+                        for line in 0..params_region.div_ceil(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line));
+                        }
+                    }
                     for b in 0..full {
                         let b0 = 16 * b;
+                        let at = ahead.wrapping_add(b * per_block);
+                        for line in 0..per_block.div_ceil(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line));
+                        }
                         // SAFETY: whole blocks lie inside every row.
                         unsafe {
                             block_step::<P, X, BITS, MR, NR>(
