@@ -109,6 +109,24 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
+    /// Field `p` of each 16-bit half of packed `BITS`-bit words as int16
+    /// lanes, as `qdot512::x86::int16_field` (the top field of a half by one
+    /// 16-bit shift, no mask).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn int16_field<const BITS: u32>(w: __m256i, p: usize) -> __m256i {
+        let field = _mm256_set1_epi32(if BITS == 4 { 0x000F_000F } else { 0x00FF_00FF });
+        match (BITS, p) {
+            (4, 3) => _mm256_srli_epi16::<12>(w),
+            (8, 1) => _mm256_srli_epi16::<8>(w),
+            (_, 0) => _mm256_and_si256(w, field),
+            _ => _mm256_and_si256(
+                _mm256_srlv_epi32(w, _mm256_set1_epi32((BITS as usize * p) as i32)),
+                field,
+            ),
+        }
+    }
+
     /// Software prefetch distance in bytes past the end of the weight rows
     /// being read (see [`kernel`]).
     const PREFETCH: usize = 4096;
@@ -269,14 +287,12 @@ pub(crate) mod x86 {
             mask: __m256i,
         ) -> [[__m256; NR]; MR] {
             let half = (16 / BITS) as usize;
-            // Values p and p + half of each word in the low and high int16.
-            let field = _mm256_set1_epi32(if BITS == 4 { 0x000F_000F } else { 0x00FF_00FF });
             let mut s = [[_mm256_setzero_si256(); NR]; MR];
             for p in 0..half {
-                let shift = _mm256_set1_epi32((BITS as usize * p) as i32);
+                // Values p and p + half of each word in the low and high int16.
                 let mut q = [_mm256_setzero_si256(); NR];
                 for n in 0..NR {
-                    q[n] = _mm256_and_si256(_mm256_srlv_epi32(wv[n], shift), field);
+                    q[n] = int16_field::<BITS>(wv[n], p);
                 }
                 for i in 0..MR {
                     // SAFETY: as in the exact body.

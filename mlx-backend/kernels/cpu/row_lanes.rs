@@ -260,7 +260,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Background, GroupInt16Rows, OutStrides, QView, BACKGROUND_PER_GROUP};
-    use crate::kernels::cpu::qdot512::x86::{dpwssd_bcst, load_params};
+    use crate::kernels::cpu::qdot512::x86::{dpwssd_bcst, int16_field, load_params};
     use crate::kernels::cpu::qdot512::INT16_MAX;
     use crate::kernels::cpu::simd::Element;
     use std::arch::x86_64::*;
@@ -583,7 +583,6 @@ mod x86 {
         let groups = lay.groups_per_row;
         let per_group = prefetch.lines().div_ceil(groups.max(1));
         let words_per_group = lay.group_size / lay.vals_per_word;
-        let field = _mm512_set1_epi32(if BITS == 4 { 0x000F_000F } else { 0x00FF_00FF });
         let rows: [(&[i32], &[f32]); R] = std::array::from_fn(|i| x.row(i0 + i));
         let sums: [&[f32]; R] = std::array::from_fn(|i| &group_sums[(i0 + i) * groups..][..groups]);
         let mut res = [_mm512_setzero_ps(); MR];
@@ -594,14 +593,7 @@ mod x86 {
             let first = g * words_per_group;
             for (wi, &word) in wt.iter().enumerate().skip(first).take(words_per_group) {
                 for p in 0..half {
-                    let q = if p == 0 {
-                        _mm512_and_si512(word, field)
-                    } else {
-                        _mm512_and_si512(
-                            _mm512_srlv_epi32(word, _mm512_set1_epi32((BITS as usize * p) as i32)),
-                            field,
-                        )
-                    };
+                    let q = int16_field::<BITS>(word, p);
                     for i in 0..R {
                         // In bounds: word wi < words_per_row, p < half.
                         let pair = rows[i].0.as_ptr().add(wi * half + p);

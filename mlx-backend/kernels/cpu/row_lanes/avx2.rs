@@ -9,6 +9,7 @@
 
 use super::x86::{region, Prefetch};
 use super::{GroupInt16Rows, OutStrides, QView};
+use crate::kernels::cpu::qdot256::x86::int16_field;
 use crate::kernels::cpu::qdot512::INT16_MAX;
 use crate::kernels::cpu::quant::Layout;
 use crate::kernels::cpu::simd::Element;
@@ -411,7 +412,6 @@ unsafe fn pass<const BITS: u32, const R: usize>(
     let groups = lay.groups_per_row;
     let per_group = prefetch.lines().div_ceil(groups.max(1));
     let words_per_group = lay.group_size / lay.vals_per_word;
-    let field = _mm256_set1_epi32(if BITS == 4 { 0x000F_000F } else { 0x00FF_00FF });
     debug_assert!(xs.pairs.len() == R * lay.k / 2 && xs.scales.len() == R * groups);
     let mut res = [_mm256_setzero_ps(); MR];
     for g in 0..groups {
@@ -420,10 +420,7 @@ unsafe fn pass<const BITS: u32, const R: usize>(
         let first = g * words_per_group;
         for (wi, &word) in wt.iter().enumerate().skip(first).take(words_per_group) {
             for p in 0..half {
-                let q = _mm256_and_si256(
-                    _mm256_srlv_epi32(word, _mm256_set1_epi32((BITS as usize * p) as i32)),
-                    field,
-                );
+                let q = int16_field::<BITS>(word, p);
                 let at = (wi * half + p) * R;
                 for (i, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: word wi < words_per_row and p < half: inside the pass's pairs.
