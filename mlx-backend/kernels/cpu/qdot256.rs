@@ -105,7 +105,7 @@ pub(crate) mod x86 {
     use super::{OutStrides, PreparedX, QView, TILE};
     use crate::kernels::cpu::quant::Layout;
     use crate::kernels::cpu::simd::avx2::hsum;
-    use crate::kernels::cpu::simd::Element;
+    use crate::kernels::cpu::simd::{prefetch_lines, Element};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -517,10 +517,7 @@ pub(crate) mod x86 {
         for b in 0..full {
             let b0 = 8 * b;
             let mut wv = [ones; NR];
-            let at = ahead.wrapping_add(b * NR * 32);
-            for line in 0..(NR * 32).div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line));
-            }
+            prefetch_lines(ahead.wrapping_add(b * NR * 32), NR * 32);
             for n in 0..NR {
                 let at = rows[n].w.as_ptr().wrapping_add(b0);
                 // SAFETY: whole blocks lie inside every row.

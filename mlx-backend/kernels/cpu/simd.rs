@@ -80,6 +80,18 @@ pub trait Lanes {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<T> Lanes for T {}
 
+/// Hints for the cache lines of the `bytes` bytes from `start`, in order.
+/// A prefetch never faults, so the region may lie past an allocation's end.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_lines(start: *const i8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in 0..bytes.div_ceil(64) {
+        // SAFETY: SSE is part of x86-64; a hint reads nothing.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(64 * line)) };
+    }
+}
+
 /// True when the AVX2+FMA bodies may run (std caches the CPUID probe).
 #[inline]
 pub fn has_avx2_fma() -> bool {
