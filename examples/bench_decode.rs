@@ -3,11 +3,13 @@
 //! `decoder_layer` kernel on and off (off: the blocks run op by op, with the
 //! other kernels), in the file's dtype and in f32.
 //!
-//! `cargo run --release --example bench_decode [path.gguf] [file|f32|int16|int8] [on|off]`
+//! `cargo run --release --example bench_decode -- [path.gguf] [file|f32|int16|int8] [on|off]`
 //! (the optional arguments run one load mode / one kernel setting only:
 //! `file` the checkpoint's dtypes, `f32` f32 activations with exact dot
 //! products, `int16` / `int8` f32 with int16- / int8-activation dot products).
 
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
 use mlx_backend::kernels::{registry, ActivationPrecision, Kernel};
 use mlx_backend::model::{self, LoadOptions, Logits, Transformer};
 use mlx_backend::{Array, Dtype};
@@ -17,13 +19,53 @@ use std::time::Instant;
 const PREFILL: usize = 32;
 const DECODE: usize = 32;
 
+/// Decode speed of a GGUF model with the fused `decoder_layer` kernel on and
+/// off, in the file's dtype and in f32.
+#[derive(Parser)]
+#[command(name = "bench_decode")]
+struct Args {
+    /// The GGUF file (default:
+    /// ~/.cache/mlx-backend/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+    path: Option<PathBuf>,
+    /// Run one load mode only (default: all): `file` the checkpoint's
+    /// dtypes, `f32` f32 activations with exact dot products, `int16` /
+    /// `int8` f32 with int16- / int8-activation dot products.
+    #[arg(value_enum)]
+    mode: Option<Mode>,
+    /// Run one `decoder_layer` kernel setting only (default: both).
+    #[arg(value_enum)]
+    kernel: Option<Switch>,
+}
+
+/// A load mode: the dtype and activation precision.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    File,
+    F32,
+    Int16,
+    Int8,
+}
+
+/// The `decoder_layer` kernel on or off.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
+}
+
 fn default_path() -> PathBuf {
-    let home = std::env::var("HOME").unwrap_or_default();
+    let home = std::env::var_os("HOME").unwrap_or_default();
     PathBuf::from(home).join(".cache/mlx-backend/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 fn next_token(logits: &Array) -> anyhow::Result<u32> {
-    Ok(logits.argmax(-1, false)?.reshape(&[-1])?.to_vec::<u32>()?[0])
+    logits
+        .argmax(-1, false)?
+        .reshape(&[-1])?
+        .to_vec::<u32>()?
+        .first()
+        .copied()
+        .context("the model returned no logits")
 }
 
 /// (prefill ms, decode ms/token, generated tokens).
@@ -44,26 +86,40 @@ fn run(m: &Transformer, prompt: &[u32]) -> anyhow::Result<(f64, f64, Vec<u32>)> 
     Ok((prefill, decode, out))
 }
 
-fn main() -> anyhow::Result<()> {
-    let path = std::env::args()
-        .nth(1)
-        .map_or_else(default_path, PathBuf::from);
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = bench(&args) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn bench(args: &Args) -> anyhow::Result<()> {
+    let path = args.path.clone().unwrap_or_else(default_path);
     // A fixed, deterministic prompt of PREFILL token ids.
     let prompt: Vec<u32> = (0..PREFILL as u32).map(|i| 100 + 37 * i).collect();
-    let only = std::env::args().nth(2);
-    for (dtype, activations) in [
-        (None, ActivationPrecision::Exact),
-        (Some(Dtype::F32), ActivationPrecision::Exact),
-        (Some(Dtype::F32), ActivationPrecision::Int16),
-        (Some(Dtype::F32), ActivationPrecision::Int8),
+    for (mode, name, dtype, activations) in [
+        (Mode::File, "file", None, ActivationPrecision::Exact),
+        (
+            Mode::F32,
+            "f32",
+            Some(Dtype::F32),
+            ActivationPrecision::Exact,
+        ),
+        (
+            Mode::Int16,
+            "int16",
+            Some(Dtype::F32),
+            ActivationPrecision::Int16,
+        ),
+        (
+            Mode::Int8,
+            "int8",
+            Some(Dtype::F32),
+            ActivationPrecision::Int8,
+        ),
     ] {
-        let name = match (dtype, activations) {
-            (None, _) => "file",
-            (_, ActivationPrecision::Exact) => "f32",
-            (_, ActivationPrecision::Int16) => "int16",
-            (_, ActivationPrecision::Int8) => "int8",
-        };
-        if only.as_deref().is_some_and(|o| o != name) {
+        if args.mode.is_some_and(|o| o != mode) {
             continue;
         }
         let opts = LoadOptions {
@@ -74,9 +130,8 @@ fn main() -> anyhow::Result<()> {
         let loaded = model::load(&path, &opts)?;
         let m = &loaded.model;
         let mut reference: Option<Vec<u32>> = None;
-        let only_kernel = std::env::args().nth(3);
         for on in [true, false] {
-            if only_kernel.as_deref().is_some_and(|o| (o == "on") != on) {
+            if args.kernel.is_some_and(|k| (k == Switch::On) != on) {
                 continue;
             }
             registry::set_enabled(Kernel::DecoderLayer, on);

@@ -11,119 +11,122 @@
 //! cargo run --release --example bench_one_batch -- --prefill 32,256,512 --decode-batch 1,4,8,16 [--activations exact|int16|int8]
 //! ```
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, ValueEnum};
 use mlx_backend::kernels::ActivationPrecision;
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
-    ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
-    SamplingParams,
+    ForwardBatch, ForwardMode, ForwardOutput, MlxModelRunner, ModelRunner, RequestInput,
+    RunnerConfig, SamplingParams,
 };
+use std::error::Error;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+/// SGLang's bench_one_batch on this backend, side by side with mlx-lm and
+/// llama.cpp.
+#[derive(Parser)]
+#[command(name = "bench_one_batch")]
 struct Args {
+    /// A GGUF file or an `org/name` hub id (default: the default model,
+    /// fetched if missing).
+    #[arg(long, value_name = "PATH")]
     model: Option<String>,
+    /// Prompt lengths to prefill, each >= 1.
+    #[arg(
+        long,
+        value_name = "N,N,..",
+        value_delimiter = ',',
+        value_parser = at_least_one,
+        default_value = "32,256,1024"
+    )]
     prefill: Vec<usize>,
+    /// Decode batch sizes, each >= 1.
+    #[arg(
+        long,
+        value_name = "B,B,..",
+        value_delimiter = ',',
+        value_parser = at_least_one,
+        default_value = "1,4,16"
+    )]
     decode_batch: Vec<usize>,
+    /// Decode steps per batch size (>= 1).
+    #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = 16)]
     decode_steps: usize,
+    /// Timed runs of each workload after one warm-up (>= 1); the median is
+    /// reported.
+    #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = 3)]
     repeats: usize,
+    /// Threads for our kernels' CPU team and for the peers (>= 1).
+    #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = 2)]
     threads: usize,
-    /// Alternating rounds of ours and llama.cpp (`--rounds`).
+    /// Run this backend and llama.cpp alternately this many times (>= 1).
+    ///
+    /// Each workload's median over the rounds is reported, and as the ratio
+    /// vs llama.cpp the median of each round's own ratio (mlx-lm runs once):
+    /// on a VM whose speed drifts by minutes, one run each can fall in
+    /// different phases.
+    #[arg(long, value_name = "N", value_parser = at_least_one, default_value_t = 1)]
     rounds: usize,
-    peers: bool,
-    /// The quantized kernels' activation precision (`--activations`;
-    /// default: `LoadOptions::for_device`'s).
-    activations: Option<ActivationPrecision>,
-    /// A pause before each timed decode step (`--idle-ms`), as between a
-    /// server's requests.
+    /// Skip mlx-lm and llama.cpp.
+    #[arg(long)]
+    no_peers: bool,
+    /// The quantized kernels' activation precision (default: the device's,
+    /// `LoadOptions::for_device`).
+    #[arg(long, value_enum)]
+    activations: Option<Activations>,
+    /// Sleep this long before each timed decode step, as after a server's
+    /// idle time between requests (needs --no-peers).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
     idle_ms: u64,
 }
 
-fn list(v: &str) -> Vec<usize> {
-    v.split(',').filter_map(|x| x.trim().parse().ok()).collect()
+/// `--activations`: `ActivationPrecision` on the command line.
+#[derive(Clone, Copy, ValueEnum)]
+enum Activations {
+    Exact,
+    Int16,
+    Int8,
 }
 
-const USAGE: &str = "usage: bench_one_batch [--model PATH] [--prefill N,N,..] \
-[--decode-batch B,B,..] [--decode-steps N] [--repeats N] [--threads N] [--rounds N] \
-[--no-peers] [--activations exact|int16|int8] [--idle-ms MS]
-
-  --model         a GGUF file (default: the default model, fetched if missing)
-  --prefill       prompt lengths to prefill (default 32,256,1024)
-  --decode-batch  decode batch sizes (default 1,4,16)
-  --decode-steps  decode steps per batch size (default 16)
-  --repeats       timed runs of each workload after one warm-up; the median is reported (default 3)
-  --threads       threads for our kernels' CPU team and for the peers (default 2)
-  --rounds        run this backend and llama.cpp alternately this many times and report
-                  each workload's median over the rounds, and as the ratio vs llama.cpp
-                  the median of each round's own ratio (default 1; mlx-lm runs once):
-                  on a VM whose speed drifts by minutes, one run each can fall in
-                  different phases
-  --no-peers      skip mlx-lm and llama.cpp
-  --activations   the quantized kernels' activation precision
-  --idle-ms       sleep this long before each timed decode step (a step after a
-                  server's idle time; needs --no-peers)";
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        model: None,
-        prefill: vec![32, 256, 1024],
-        decode_batch: vec![1, 4, 16],
-        decode_steps: 16,
-        repeats: 3,
-        threads: 2,
-        rounds: 1,
-        peers: true,
-        activations: None,
-        idle_ms: 0,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .unwrap_or_else(|| usage_error(&format!("{flag} needs a value")))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            "--model" => a.model = Some(value()),
-            "--prefill" => a.prefill = list(&value()),
-            "--decode-batch" => a.decode_batch = list(&value()),
-            "--decode-steps" => a.decode_steps = number(&flag, value()),
-            "--repeats" => a.repeats = number(&flag, value()),
-            "--threads" => a.threads = number(&flag, value()),
-            "--rounds" => a.rounds = number(&flag, value()).max(1),
-            "--no-peers" => a.peers = false,
-            "--activations" => {
-                a.activations = Some(match value().as_str() {
-                    "exact" => ActivationPrecision::Exact,
-                    "int16" => ActivationPrecision::Int16,
-                    "int8" => ActivationPrecision::Int8,
-                    other => usage_error(&format!(
-                        "--activations takes exact, int16 or int8, not {other}"
-                    )),
-                })
-            }
-            "--idle-ms" => a.idle_ms = number(&flag, value()) as u64,
-            other => usage_error(&format!("unknown argument {other}")),
+impl From<Activations> for ActivationPrecision {
+    fn from(a: Activations) -> Self {
+        match a {
+            Activations::Exact => ActivationPrecision::Exact,
+            Activations::Int16 => ActivationPrecision::Int16,
+            Activations::Int8 => ActivationPrecision::Int8,
         }
     }
-    if a.idle_ms > 0 && a.peers {
-        usage_error("--idle-ms times our steps only: add --no-peers");
+}
+
+/// A count that must be at least 1 (one item of a comma list, or a whole
+/// value).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty value (valid range: 1 and up)".into());
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (valid range: 1 and up)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "`{s}` is not a whole number (valid range: 1 and up)"
+        )),
+    }
+}
+
+fn parse_args() -> Args {
+    let a = Args::parse();
+    if a.idle_ms > 0 && !a.no_peers {
+        Args::command()
+            .error(
+                ErrorKind::MissingRequiredArgument,
+                "--idle-ms times our steps only: add --no-peers",
+            )
+            .exit();
     }
     a
-}
-
-fn number(flag: &str, value: String) -> usize {
-    value
-        .parse()
-        .unwrap_or_else(|_| usage_error(&format!("{flag} takes a number, not {value}")))
-}
-
-fn usage_error(message: &str) -> ! {
-    eprintln!("{message}\n{USAGE}");
-    std::process::exit(2)
 }
 
 /// The same pseudo-random ids for every engine run by this binary.
@@ -206,7 +209,7 @@ impl Results {
     }
 }
 
-fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
+fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Result<Results, Box<dyn Error>> {
     let mut r = Results::default();
     let mut next_id = 0u64;
     let mut id = || {
@@ -226,7 +229,7 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
             let t = Instant::now();
             runner
                 .forward(&ForwardBatch::new(ForwardMode::Extend, vec![req]))
-                .expect("prefill");
+                .map_err(|e| format!("prefill of {n} tokens: {e}"))?;
             if rep > 0 {
                 samples.push(t.elapsed().as_secs_f64());
             }
@@ -251,12 +254,8 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
             .collect();
         let out = runner
             .forward(&ForwardBatch::new(ForwardMode::Extend, reqs))
-            .expect("prefill");
-        let mut last: Vec<u32> = out
-            .outputs
-            .iter()
-            .map(|o| o.next_token.expect("sampled"))
-            .collect();
+            .map_err(|e| format!("prefill for decode batch {b}: {e}"))?;
+        let mut last = sampled(&out)?;
         let mut samples = Vec::new();
         for step in 0..a.decode_steps + 1 {
             let reqs = ids
@@ -270,15 +269,11 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
             let t = Instant::now();
             let out = runner
                 .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
-                .expect("decode");
+                .map_err(|e| format!("decode batch {b}: {e}"))?;
             if step > 0 {
                 samples.push(t.elapsed().as_secs_f64());
             }
-            last = out
-                .outputs
-                .iter()
-                .map(|o| o.next_token.expect("sampled"))
-                .collect();
+            last = sampled(&out)?;
         }
         runner.release(&ids);
         let s = median(samples);
@@ -294,7 +289,18 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Results {
         r.decode.push((b, b as f64 / s));
     }
     r.peak_memory = mlx_backend::memory::peak_memory() as f64;
-    r
+    Ok(r)
+}
+
+/// Each request's sampled token.
+fn sampled(out: &ForwardOutput) -> Result<Vec<u32>, String> {
+    out.outputs
+        .iter()
+        .map(|o| {
+            o.next_token
+                .ok_or_else(|| format!("request {} sampled no token", o.id))
+        })
+        .collect()
 }
 
 fn venv_python(name: &str) -> Option<PathBuf> {
@@ -380,15 +386,23 @@ fn cpu_flags() -> Vec<&'static str> {
 
 fn main() {
     let a = parse_args();
-    let path = fetch::resolve(a.model.as_deref()).expect("model");
+    if let Err(e) = run(&a) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: &Args) -> Result<(), Box<dyn Error>> {
+    let with_peers = !a.no_peers;
+    let path = fetch::resolve(a.model.as_deref()).map_err(|e| format!("model: {e}"))?;
     // Our kernels' CPU team takes as many threads as the peers (read when
     // the team starts, on the first kernel call).
     std::env::set_var("MLX_BACKEND_THREADS", a.threads.to_string());
     let mut options = LoadOptions::for_device(mlx_backend::Stream::current().device());
     if let Some(activations) = a.activations {
-        options.activations = activations;
+        options.activations = activations.into();
     }
-    let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default()).expect("load");
+    let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default())?;
     let gguf = path.extension().is_some_and(|e| e == "gguf");
     let python = |venv: &str| {
         let py = venv_python(venv);
@@ -400,7 +414,7 @@ fn main() {
         }
         py
     };
-    let llama = (a.peers && gguf)
+    let llama = (with_peers && gguf)
         .then(|| python("llama-cpp-venv"))
         .flatten();
     let (mut ours_rounds, mut llama_rounds) = (Vec::new(), Vec::new());
@@ -408,10 +422,10 @@ fn main() {
         if a.rounds > 1 {
             eprintln!("round {} of {}", round + 1, a.rounds);
         }
-        ours_rounds.push(bench_ours(&mut runner, &a));
+        ours_rounds.push(bench_ours(&mut runner, a)?);
         if let Some(r) = llama
             .as_ref()
-            .and_then(|py| bench_peer("llama_cpp", py, &path, &a))
+            .and_then(|py| bench_peer("llama_cpp", py, &path, a))
         {
             llama_rounds.push(r);
         }
@@ -442,13 +456,13 @@ fn main() {
     let paired = (a.rounds > 1)
         .then(|| Results::paired_ratios(&ours_rounds, &llama_rounds))
         .flatten();
-    let ours = Results::median_of(&ours_rounds).expect("at least one round");
+    let ours = Results::median_of(&ours_rounds).ok_or("no round ran")?;
     let mut peers: Vec<(&str, Results)> = Vec::new();
     if let Some(r) = Results::median_of(&llama_rounds) {
         peers.push(("llama_cpp", r));
     }
-    if a.peers && gguf {
-        if let Some(r) = python("oracle-venv").and_then(|py| bench_peer("mlx_lm", &py, &path, &a)) {
+    if with_peers && gguf {
+        if let Some(r) = python("oracle-venv").and_then(|py| bench_peer("mlx_lm", &py, &path, a)) {
             peers.push(("mlx_lm", r));
         }
     }
@@ -517,4 +531,5 @@ fn main() {
         mem.push_str(&format!(" {:.0} MB | |", r.peak_memory / 1e6));
     }
     println!("{mem}");
+    Ok(())
 }

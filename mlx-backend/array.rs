@@ -198,6 +198,35 @@ impl Array {
         Ok(self.astype(Dtype::F32)?.to_vec::<f32>()?)
     }
 
+    /// Evaluate and copy out as f64, widening each element on the host.
+    /// Works whatever the stream's device is (MLX has no float64 on a GPU,
+    /// so `astype(F64)` would fail there). Integers wider than 53 bits
+    /// round; complex values are an error.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>, HostDataError> {
+        fn widen<T: Element>(a: &Array, f: impl Fn(T) -> f64) -> Result<Vec<f64>, HostDataError> {
+            Ok(a.to_vec::<T>()?.into_iter().map(f).collect())
+        }
+        match self.dtype() {
+            Dtype::Bool => widen(self, |v: bool| f64::from(u8::from(v))),
+            Dtype::U8 => widen::<u8>(self, f64::from),
+            Dtype::U16 => widen::<u16>(self, f64::from),
+            Dtype::U32 => widen::<u32>(self, f64::from),
+            Dtype::U64 => widen(self, |v: u64| v as f64),
+            Dtype::I8 => widen::<i8>(self, f64::from),
+            Dtype::I16 => widen::<i16>(self, f64::from),
+            Dtype::I32 => widen::<i32>(self, f64::from),
+            Dtype::I64 => widen(self, |v: i64| v as f64),
+            Dtype::F16 => widen::<crate::f16>(self, f64::from),
+            Dtype::BF16 => widen::<crate::bf16>(self, f64::from),
+            Dtype::F32 => widen::<f32>(self, f64::from),
+            Dtype::F64 => self.to_vec::<f64>(),
+            Dtype::Complex64 => Err(HostDataError::DtypeMismatch {
+                actual: Dtype::Complex64,
+                requested: Dtype::F64,
+            }),
+        }
+    }
+
     /// The single element of a one-element array.
     pub fn item<T: Element>(&self) -> Result<T, HostDataError> {
         if self.size() != 1 {

@@ -83,8 +83,22 @@ pub enum LoadError {
     Invalid { path: String, message: String },
     #[error("{path}: no tensor named '{name}'")]
     MissingTensor { path: String, name: String },
-    #[error("{path}: no metadata key '{key}' of the requested type")]
+    #[error("{path}: no metadata key '{key}'")]
     MissingMetadata { path: String, key: String },
+    #[error("{path}: metadata key '{key}' is {found}, expected {expected}")]
+    MetadataType {
+        path: String,
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("{path}: metadata key '{key}' could not be read")]
+    MetadataRead {
+        path: String,
+        key: String,
+        #[source]
+        source: HostDataError,
+    },
 }
 
 /// Saving a tensor file failed.

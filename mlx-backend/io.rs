@@ -6,7 +6,7 @@
 //! [`LoadError`] and never a crash; tensor data is read lazily on first eval.
 
 use crate::array::{list, Array};
-use crate::error::{LoadError, SaveError};
+use crate::error::{HostDataError, LoadError, SaveError};
 use crate::ffi;
 use crate::gguf_check;
 use cxx::UniquePtr;
@@ -132,6 +132,18 @@ pub enum GgufValue {
     Strings(Vec<String>),
 }
 
+impl GgufValue {
+    /// What kind of value this is, for messages ("a uint32 scalar").
+    pub fn kind(&self) -> String {
+        match self {
+            GgufValue::Array(a) if a.ndim() == 0 => format!("a {} scalar", a.dtype()),
+            GgufValue::Array(a) => format!("a {} array of {}", a.dtype(), a.size()),
+            GgufValue::String(_) => "a string".into(),
+            GgufValue::Strings(s) => format!("a string array of {}", s.len()),
+        }
+    }
+}
+
 /// A loaded GGUF file.
 pub struct GgufFile {
     raw: UniquePtr<ffi::GgufFile>,
@@ -165,9 +177,18 @@ impl GgufFile {
     pub fn get(&self, name: &str) -> Result<Array, LoadError> {
         ffi::gguf_get(&self.raw, name)
             .map(Array::from_raw)
-            .map_err(|_| LoadError::MissingTensor {
-                path: self.path.clone(),
-                name: name.into(),
+            .map_err(|e| {
+                if self.names().iter().any(|n| n == name) {
+                    LoadError::Invalid {
+                        path: self.path.clone(),
+                        message: format!("tensor '{name}': {}", e.what()),
+                    }
+                } else {
+                    LoadError::MissingTensor {
+                        path: self.path.clone(),
+                        name: name.into(),
+                    }
+                }
             })
     }
 
@@ -175,19 +196,26 @@ impl GgufFile {
         ffi::gguf_metadata_keys(&self.raw)
     }
 
-    pub fn metadata(&self, key: &str) -> Option<GgufValue> {
-        match ffi::gguf_metadata_kind(&self.raw, key) {
-            1 => ffi::gguf_metadata_array(&self.raw, key)
-                .ok()
-                .map(|a| GgufValue::Array(Array::from_raw(a))),
-            2 => ffi::gguf_metadata_string(&self.raw, key)
-                .ok()
-                .map(GgufValue::String),
-            3 => ffi::gguf_metadata_strings(&self.raw, key)
-                .ok()
-                .map(GgufValue::Strings),
+    /// The value under `key`: `Ok(None)` when the file has no such key, an
+    /// error (with MLX's message) when it has one that cannot be read.
+    pub fn metadata(&self, key: &str) -> Result<Option<GgufValue>, LoadError> {
+        let failed = |e: cxx::Exception| LoadError::MetadataRead {
+            path: self.path.clone(),
+            key: key.into(),
+            source: HostDataError::Mlx(e.what().into()),
+        };
+        Ok(match ffi::gguf_metadata_kind(&self.raw, key) {
+            1 => Some(GgufValue::Array(Array::from_raw(
+                ffi::gguf_metadata_array(&self.raw, key).map_err(failed)?,
+            ))),
+            2 => Some(GgufValue::String(
+                ffi::gguf_metadata_string(&self.raw, key).map_err(failed)?,
+            )),
+            3 => Some(GgufValue::Strings(
+                ffi::gguf_metadata_strings(&self.raw, key).map_err(failed)?,
+            )),
             _ => None,
-        }
+        })
     }
 
     fn missing(&self, key: &str) -> LoadError {
@@ -197,41 +225,87 @@ impl GgufFile {
         }
     }
 
+    fn wrong_type(&self, key: &str, expected: &'static str, found: &GgufValue) -> LoadError {
+        LoadError::MetadataType {
+            path: self.path.clone(),
+            key: key.into(),
+            expected,
+            found: found.kind(),
+        }
+    }
+
+    /// A required value: absent is [`LoadError::MissingMetadata`].
+    fn required<T>(&self, key: &str, value: Option<T>) -> Result<T, LoadError> {
+        value.ok_or_else(|| self.missing(key))
+    }
+
     pub fn metadata_string(&self, key: &str) -> Result<String, LoadError> {
-        match self.metadata(key) {
-            Some(GgufValue::String(s)) => Ok(s),
-            _ => Err(self.missing(key)),
+        let v = self.opt_metadata_string(key)?;
+        self.required(key, v)
+    }
+
+    /// A string value, `Ok(None)` when the key is absent.
+    pub fn opt_metadata_string(&self, key: &str) -> Result<Option<String>, LoadError> {
+        match self.metadata(key)? {
+            None => Ok(None),
+            Some(GgufValue::String(s)) => Ok(Some(s)),
+            Some(other) => Err(self.wrong_type(key, "a string", &other)),
         }
     }
 
     pub fn metadata_strings(&self, key: &str) -> Result<Vec<String>, LoadError> {
-        match self.metadata(key) {
-            Some(GgufValue::Strings(s)) => Ok(s),
-            _ => Err(self.missing(key)),
+        let v = self.opt_metadata_strings(key)?;
+        self.required(key, v)
+    }
+
+    /// A string array, `Ok(None)` when the key is absent.
+    pub fn opt_metadata_strings(&self, key: &str) -> Result<Option<Vec<String>>, LoadError> {
+        match self.metadata(key)? {
+            None => Ok(None),
+            Some(GgufValue::Strings(s)) => Ok(Some(s)),
+            Some(other) => Err(self.wrong_type(key, "a string array", &other)),
         }
     }
 
     /// A numeric scalar (integers, floats and booleans) as f64.
     pub fn metadata_f64(&self, key: &str) -> Result<f64, LoadError> {
-        match self.metadata(key) {
-            Some(GgufValue::Array(a)) if a.size() == 1 => a
-                .astype(crate::Dtype::F64)
-                .ok()
-                .and_then(|a| a.item::<f64>().ok())
-                .ok_or_else(|| self.missing(key)),
-            _ => Err(self.missing(key)),
+        let v = self.opt_metadata_f64(key)?;
+        self.required(key, v)
+    }
+
+    /// A numeric scalar as f64, `Ok(None)` when the key is absent. Read on
+    /// the host, so it works whatever the default device is (MLX has no
+    /// float64 on a GPU).
+    pub fn opt_metadata_f64(&self, key: &str) -> Result<Option<f64>, LoadError> {
+        match self.metadata(key)? {
+            None => Ok(None),
+            Some(GgufValue::Array(a)) if a.size() == 1 => {
+                Ok(self.numbers(key, &a)?.first().copied())
+            }
+            Some(other) => Err(self.wrong_type(key, "a number", &other)),
         }
     }
 
     /// A numeric array as f64 values.
     pub fn metadata_f64s(&self, key: &str) -> Result<Vec<f64>, LoadError> {
-        match self.metadata(key) {
-            Some(GgufValue::Array(a)) => a
-                .astype(crate::Dtype::F64)
-                .ok()
-                .and_then(|a| a.to_vec::<f64>().ok())
-                .ok_or_else(|| self.missing(key)),
-            _ => Err(self.missing(key)),
+        let v = self.opt_metadata_f64s(key)?;
+        self.required(key, v)
+    }
+
+    /// A numeric array as f64 values, `Ok(None)` when the key is absent.
+    pub fn opt_metadata_f64s(&self, key: &str) -> Result<Option<Vec<f64>>, LoadError> {
+        match self.metadata(key)? {
+            None => Ok(None),
+            Some(GgufValue::Array(a)) => self.numbers(key, &a).map(Some),
+            Some(other) => Err(self.wrong_type(key, "a numeric array", &other)),
         }
+    }
+
+    fn numbers(&self, key: &str, a: &Array) -> Result<Vec<f64>, LoadError> {
+        a.to_f64_vec().map_err(|source| LoadError::MetadataRead {
+            path: self.path.clone(),
+            key: key.into(),
+            source,
+        })
     }
 }

@@ -39,7 +39,8 @@ fn safetensors_round_trip_every_dtype() {
     let (f32a, vf32) = typed(r, |x| (x % 100_000) as f32 / 3.0 - 1000.0);
     let (c64_real, vc64) = typed(r, |x| (x % 100_000) as f32 / 3.0 - 1000.0);
     let c64a = c64_real.astype(Dtype::Complex64).unwrap();
-    let dir = temp_dir("st");
+    let tmp = temp_dir("st");
+    let dir = tmp.path();
     let path = dir.join("all.safetensors");
     let tensors: Vec<(&str, &Array)> = vec![
         ("bool", &b),
@@ -141,12 +142,13 @@ fn safetensors_bytes(header: &str, data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn broken_safetensors_are_errors() {
-    let dir = temp_dir("st-bad");
+    let tmp = temp_dir("st-bad");
+    let dir = tmp.path();
     assert!(matches!(
         SafetensorsFile::load(dir.join("missing.safetensors")),
         Err(LoadError::NotFound { .. })
     ));
-    assert_load_err(SafetensorsFile::load(&dir), "a directory");
+    assert_load_err(SafetensorsFile::load(dir), "a directory");
 
     let good_path = dir.join("good.safetensors");
     let (_, a) = Rng::new(102).array(&[8, 8]);
@@ -165,7 +167,7 @@ fn broken_safetensors_are_errors() {
         good.len() - 1,
     ];
     for cut in cuts {
-        let p = write(&dir, &format!("cut{cut}.safetensors"), &good[..cut]);
+        let p = write(dir, &format!("cut{cut}.safetensors"), &good[..cut]);
         assert_load_err(SafetensorsFile::load(&p), &format!("truncated at {cut}"));
     }
 
@@ -186,7 +188,7 @@ fn broken_safetensors_are_errors() {
     ];
     for (i, header) in lies.iter().enumerate() {
         let p = write(
-            &dir,
+            dir,
             &format!("lie{i}.safetensors"),
             &safetensors_bytes(header, &data),
         );
@@ -195,13 +197,13 @@ fn broken_safetensors_are_errors() {
     // A header length far beyond the file.
     let mut huge = good.clone();
     huge[..8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-    let p = write(&dir, "huge.safetensors", &huge);
+    let p = write(dir, "huge.safetensors", &huge);
     assert_load_err(SafetensorsFile::load(&p), "huge header length");
     // Garbage.
     let mut rng = Rng::new(103);
     for n in [0usize, 3, 8, 100, 5000] {
         let bytes: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
-        let p = write(&dir, &format!("garbage{n}.safetensors"), &bytes);
+        let p = write(dir, &format!("garbage{n}.safetensors"), &bytes);
         assert_load_err(SafetensorsFile::load(&p), &format!("{n} garbage bytes"));
     }
     // The good file still loads after all that.
@@ -329,10 +331,11 @@ fn tiny_gguf(rng: &mut Rng) -> (Vec<u8>, Vec<f32>, Vec<f16>) {
 
 #[test]
 fn gguf_loads_metadata_and_tensors() {
-    let dir = temp_dir("gguf");
+    let tmp = temp_dir("gguf");
+    let dir = tmp.path();
     let (bytes, w, h) = tiny_gguf(&mut Rng::new(104));
     assert_eq!(check_gguf(&bytes), Ok(()));
-    let path = write(&dir, "tiny.gguf", &bytes);
+    let path = write(dir, "tiny.gguf", &bytes);
     let f = GgufFile::load(&path).unwrap();
     assert_eq!(f.metadata_string("general.architecture").unwrap(), "llama");
     assert_eq!(f.metadata_f64("llama.embedding_length").unwrap(), 576.0);
@@ -359,7 +362,8 @@ fn gguf_loads_metadata_and_tensors() {
 
 #[test]
 fn broken_gguf_files_are_errors() {
-    let dir = temp_dir("gguf-bad");
+    let tmp = temp_dir("gguf-bad");
+    let dir = tmp.path();
     assert!(matches!(
         GgufFile::load(dir.join("missing.gguf")),
         Err(LoadError::NotFound { .. })
@@ -378,19 +382,19 @@ fn broken_gguf_files_are_errors() {
         good.len() - 33,
         good.len() - 1,
     ] {
-        let p = write(&dir, &format!("cut{cut}.gguf"), &good[..cut]);
+        let p = write(dir, &format!("cut{cut}.gguf"), &good[..cut]);
         assert_load_err(GgufFile::load(&p), &format!("truncated at {cut}"));
     }
     let mut magic = good.clone();
     magic[..4].copy_from_slice(b"GGML");
     assert_load_err(
-        GgufFile::load(write(&dir, "magic.gguf", &magic)),
+        GgufFile::load(write(dir, "magic.gguf", &magic)),
         "wrong magic",
     );
     let mut version = good.clone();
     version[4..8].copy_from_slice(&99u32.to_le_bytes());
     assert_load_err(
-        GgufFile::load(write(&dir, "version.gguf", &version)),
+        GgufFile::load(write(dir, "version.gguf", &version)),
         "version",
     );
     // Counts and lengths that lie.
@@ -403,18 +407,18 @@ fn broken_gguf_files_are_errors() {
     ] {
         let mut b = good.clone();
         b[at..at + 8].copy_from_slice(&value.to_le_bytes());
-        let p = write(&dir, &format!("lie{at}-{value}.gguf"), &b);
+        let p = write(dir, &format!("lie{at}-{value}.gguf"), &b);
         assert_load_err(GgufFile::load(&p), &format!("field at {at} = {value}"));
     }
     // A tensor whose data runs past the end; an unknown ggml type.
     let past = Gguf::new().tensor("w", &[64], 0, vec![0; 16]).bytes();
     assert_load_err(
-        GgufFile::load(write(&dir, "past.gguf", &past)),
+        GgufFile::load(write(dir, "past.gguf", &past)),
         "data past the end",
     );
     let unknown = Gguf::new().tensor("w", &[4], 77, vec![0; 16]).bytes();
     assert_load_err(
-        GgufFile::load(write(&dir, "type.gguf", &unknown)),
+        GgufFile::load(write(dir, "type.gguf", &unknown)),
         "unknown type",
     );
     let mut rng = Rng::new(106);
@@ -423,10 +427,10 @@ fn broken_gguf_files_are_errors() {
         if n >= 4 {
             bytes[..4].copy_from_slice(b"GGUF");
         }
-        let p = write(&dir, &format!("garbage{n}.gguf"), &bytes);
+        let p = write(dir, &format!("garbage{n}.gguf"), &bytes);
         assert_load_err(GgufFile::load(&p), &format!("{n} garbage bytes"));
     }
-    assert!(GgufFile::load(write(&dir, "good.gguf", &good)).is_ok());
+    assert!(GgufFile::load(write(dir, "good.gguf", &good)).is_ok());
 }
 
 /// The checker never panics on mutations of a valid file: bit flips,
@@ -550,11 +554,12 @@ fn default_model_gguf() {
 /// writer is a clear error.
 #[test]
 fn foreign_f64_safetensors_is_an_error() {
-    let dir = temp_dir("st-f64");
+    let tmp = temp_dir("st-f64");
+    let dir = tmp.path();
     let values = [1.5f64, -2.25, 1e300, f64::MIN_POSITIVE];
     let header = r#"{"d":{"dtype":"F64","shape":[2,2],"data_offsets":[0,32]}}"#;
     let bytes = safetensors_bytes(header, &le_bytes(&values, f64::to_le_bytes));
-    let p = write(&dir, "f64.safetensors", &bytes);
+    let p = write(dir, "f64.safetensors", &bytes);
     let e = SafetensorsFile::load(&p)
         .err()
         .expect("MLX 0.32 has no F64 safetensors");

@@ -480,7 +480,7 @@ fn tiny_model_decodes_through_fused_blocks_in_place() {
         activations: ActivationPrecision::Exact,
         ..LoadOptions::for_device(mlx_backend::Device::Cpu)
     };
-    let m = model::load(&folder, &options).unwrap().model;
+    let m = model::load(folder.path(), &options).unwrap().model;
     let (want, want_logits, unfused, _) = tiny_greedy(&m, false);
     let (got, got_logits, fused, copies) = tiny_greedy(&m, true);
     assert_eq!(unfused, 0);

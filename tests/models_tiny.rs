@@ -8,7 +8,7 @@ use mlx_backend::io::{save_safetensors, SafetensorsFile};
 use mlx_backend::model::{self, LoadOptions, Logits, ModelLoadError};
 use mlx_backend::{Array, Dtype, LoadError};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use tempfile::TempDir;
 
 fn tiny_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/tiny")
@@ -299,25 +299,22 @@ fn all_folders_are_tested() {
 
 // --- broken inputs ---------------------------------------------------------------
 
-/// A fresh empty directory under the system temp dir.
-fn temp_dir(tag: &str) -> PathBuf {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "mlx-backend-models-tiny-{}-{}-{tag}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh empty directory under the system temp dir, removed when the
+/// returned guard drops (when the test ends, pass or fail).
+fn temp_dir(tag: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("mlx-backend-models-tiny-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
-/// A copy of tiny/llama-f32's config.json and weights (no index).
-fn llama_copy(tag: &str) -> PathBuf {
+/// A copy of tiny/llama-f32's config.json and weights (no index), in a
+/// temp folder removed when the returned guard drops.
+fn llama_copy(tag: &str) -> TempDir {
     let src = tiny_dir().join("llama-f32");
     let dir = temp_dir(tag);
     for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
     }
     dir
 }
@@ -349,15 +346,17 @@ fn load_err(path: &Path) -> ModelLoadError {
 
 #[test]
 fn the_unbroken_copy_loads() {
-    let dir = llama_copy("ok");
-    model::load(&dir, &LoadOptions::default()).unwrap();
-    std::fs::remove_dir_all(dir).unwrap();
+    let tmp = llama_copy("ok");
+    let dir = tmp.path();
+    model::load(dir, &LoadOptions::default()).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn tied_model_ignores_a_stored_lm_head() {
     let src = tiny_dir().join("llama_tied-f32");
-    let dir = temp_dir("stale-lm-head");
+    let tmp = temp_dir("stale-lm-head");
+    let dir = tmp.path();
     for f in [
         "config.json",
         "model.safetensors",
@@ -366,30 +365,31 @@ fn tied_model_ignores_a_stored_lm_head() {
     ] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
     }
-    edit_weights(&dir, |tensors| {
+    edit_weights(dir, |tensors| {
         let zeros = Array::zeros(&[256, 64], Dtype::F32).unwrap();
         tensors.push(("lm_head.weight".into(), zeros));
     });
-    check_dir("llama_tied-f32 with a zero lm_head.weight", &dir);
-    std::fs::remove_dir_all(dir).unwrap();
+    check_dir("llama_tied-f32 with a zero lm_head.weight", dir);
+    tmp.close().unwrap();
 }
 
 #[test]
 fn config_without_hidden_size() {
-    let dir = llama_copy("no-hidden");
+    let tmp = llama_copy("no-hidden");
+    let dir = tmp.path();
     let path = dir.join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config.as_object_mut().unwrap().remove("hidden_size");
     std::fs::write(&path, config.to_string()).unwrap();
-    match load_err(&dir) {
+    match load_err(dir) {
         ModelLoadError::MissingConfigKey { key, path } => {
             assert_eq!(key, "hidden_size");
             assert!(path.ends_with("config.json"), "{path}");
         }
         e => panic!("expected MissingConfigKey, got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 /// Dynamic NTK RoPE scaling is refused at load time rather than run
@@ -398,25 +398,27 @@ fn config_without_hidden_size() {
 /// this crate does not.
 #[test]
 fn unsupported_rope_scaling_is_refused() {
-    let dir = llama_copy("longrope");
+    let tmp = llama_copy("longrope");
+    let dir = tmp.path();
     let path = dir.join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config["rope_scaling"] = serde_json::json!({"type": "longrope", "factor": 2.0});
     std::fs::write(&path, config.to_string()).unwrap();
-    match load_err(&dir) {
+    match load_err(dir) {
         ModelLoadError::BadConfigValue { key, message, .. } => {
             assert_eq!(key, "rope_scaling.type");
             assert!(message.contains("'longrope'"), "{message}");
         }
         e => panic!("expected BadConfigValue, got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn safetensors_header_sizes_lie() {
-    let dir = llama_copy("lying-header");
+    let tmp = llama_copy("lying-header");
+    let dir = tmp.path();
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -440,7 +442,7 @@ fn safetensors_header_sizes_lie() {
     out.extend_from_slice(&header);
     out.extend_from_slice(&bytes[8 + n..]);
     std::fs::write(&path, out).unwrap();
-    match load_err(&dir) {
+    match load_err(dir) {
         ModelLoadError::Load(LoadError::Invalid { .. }) => {}
         e => panic!("expected Load(Invalid), got {e:?}"),
     }
@@ -448,23 +450,24 @@ fn safetensors_header_sizes_lie() {
     let mut out = (1u64 << 40).to_le_bytes().to_vec();
     out.extend_from_slice(&bytes[8..]);
     std::fs::write(&path, out).unwrap();
-    match load_err(&dir) {
+    match load_err(dir) {
         ModelLoadError::Load(LoadError::Invalid { .. }) => {}
         e => panic!("expected Load(Invalid), got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn tensor_with_the_wrong_shape() {
-    let dir = llama_copy("wrong-shape");
+    let tmp = llama_copy("wrong-shape");
+    let dir = tmp.path();
     let bad = "model.layers.1.self_attn.k_proj.weight";
-    edit_weights(&dir, |tensors| {
+    edit_weights(dir, |tensors| {
         let (_, a) = tensors.iter_mut().find(|(n, _)| n == bad).unwrap();
         let shape = a.shape();
         *a = a.reshape(&[shape[1], shape[0]]).unwrap();
     });
-    match load_err(&dir) {
+    match load_err(dir) {
         ModelLoadError::WrongShape {
             name,
             expected,
@@ -476,34 +479,36 @@ fn tensor_with_the_wrong_shape() {
         }
         e => panic!("expected WrongShape, got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn missing_tensor() {
-    let dir = llama_copy("missing-tensor");
+    let tmp = llama_copy("missing-tensor");
+    let dir = tmp.path();
     let gone = "model.layers.1.post_attention_layernorm.weight";
-    edit_weights(&dir, |tensors| tensors.retain(|(n, _)| n != gone));
-    match load_err(&dir) {
+    edit_weights(dir, |tensors| tensors.retain(|(n, _)| n != gone));
+    match load_err(dir) {
         ModelLoadError::MissingTensor(name) => assert_eq!(name, gone),
         e => panic!("expected MissingTensor, got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn missing_expert_of_an_hf_moe_folder() {
     let src = tiny_dir().join("qwen3_moe-hf-bf16");
-    let dir = temp_dir("missing-expert");
+    let tmp = temp_dir("missing-expert");
+    let dir = tmp.path();
     std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
     std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
     let gone = "model.layers.0.mlp.experts.5.up_proj.weight";
-    edit_weights(&dir, |tensors| tensors.retain(|(n, _)| n != gone));
-    match load_err(&dir) {
+    edit_weights(dir, |tensors| tensors.retain(|(n, _)| n != gone));
+    match load_err(dir) {
         ModelLoadError::MissingTensor(name) => assert_eq!(name, gone),
         e => panic!("expected MissingTensor, got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 fn default_gguf() -> Option<PathBuf> {
@@ -518,7 +523,8 @@ fn truncated_gguf() {
         return;
     };
     let bytes = std::fs::read(&src).unwrap();
-    let dir = temp_dir("truncated-gguf");
+    let tmp = temp_dir("truncated-gguf");
+    let dir = tmp.path();
     // Inside the header, inside the metadata, inside the tensor infos, and
     // inside the tensor data.
     for n in [10, 1000, 1 << 20, bytes.len() / 2, bytes.len() - 1] {
@@ -529,12 +535,13 @@ fn truncated_gguf() {
             e => panic!("{n} bytes: expected Load(Invalid), got {e:?}"),
         }
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn wrong_gguf_magic() {
-    let dir = temp_dir("bad-magic");
+    let tmp = temp_dir("bad-magic");
+    let dir = tmp.path();
     let path = dir.join("model.gguf");
     let mut bytes = match default_gguf() {
         Some(src) => std::fs::read(src).unwrap(),
@@ -549,7 +556,7 @@ fn wrong_gguf_magic() {
         ModelLoadError::Load(LoadError::Invalid { .. }) => {}
         e => panic!("expected Load(Invalid), got {e:?}"),
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    tmp.close().unwrap();
 }
 
 /// Quantize-on-load (group 64, 4 and 8 bits) of an unquantized checkpoint:

@@ -600,7 +600,7 @@ fn stale_requests_are_released_when_configured() {
 #[test]
 fn engine_continuous_batching_through_the_handle_from_many_threads() {
     let folder = common::tiny::tiny_llama_folder(11, true);
-    let f2 = folder.clone();
+    let f2 = folder.path().to_path_buf();
     let handle = RunnerHandle::spawn(move || {
         MlxModelRunner::load(
             &f2,
@@ -611,7 +611,7 @@ fn engine_continuous_batching_through_the_handle_from_many_threads() {
     .unwrap();
     // Expected: each request's solo greedy output, from a separate runner.
     let mut solo_runner =
-        MlxModelRunner::load(&folder, &Default::default(), RunnerConfig::default()).unwrap();
+        MlxModelRunner::load(folder.path(), &Default::default(), RunnerConfig::default()).unwrap();
     let requests: Vec<(u64, Vec<u32>, usize)> = (0..20)
         .map(|i| {
             (
@@ -722,8 +722,9 @@ fn engine_continuous_batching_through_the_handle_from_many_threads() {
 #[test]
 fn handle_reports_errors_and_async_forward_works() {
     let folder = common::tiny::tiny_llama_folder(12, true);
+    let path = folder.path().to_path_buf();
     let handle = RunnerHandle::spawn(move || {
-        MlxModelRunner::load(&folder, &Default::default(), RunnerConfig::default())
+        MlxModelRunner::load(&path, &Default::default(), RunnerConfig::default())
     })
     .unwrap();
     let err = handle

@@ -13,6 +13,7 @@ use mlx_backend::tokenizer::{
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use tempfile::TempDir;
 
 // ---------------------------------------------------------------- helpers
 
@@ -287,11 +288,14 @@ fn byte_chars() -> Vec<char> {
     table
 }
 
-/// Writes tokenizer.json (+ tokenizer_config.json) into a fresh directory.
-fn small_tokenizer_dir(name: &str, config: Option<Value>) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mlx-backend-tok-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+/// Writes tokenizer.json (+ tokenizer_config.json) into a fresh temp
+/// directory, removed when the returned guard drops.
+fn small_tokenizer_dir(name: &str, config: Option<Value>) -> TempDir {
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("mlx-backend-tok-{name}-"))
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
     let table = byte_chars();
     let mut vocab = serde_json::Map::new();
     for (i, c) in table.iter().enumerate() {
@@ -337,16 +341,17 @@ fn small_tokenizer_dir(name: &str, config: Option<Value>) -> PathBuf {
     if let Some(config) = config {
         std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
     }
-    dir
+    tmp
 }
 
 #[test]
 fn tokenizer_json_encode_decode() {
-    let dir = small_tokenizer_dir(
+    let tmp = small_tokenizer_dir(
         "json",
         Some(json!({"bos_token": "<s>", "eos_token": {"content": "</s>"},
                     "add_bos_token": true, "add_eos_token": false})),
     );
+    let dir = tmp.path();
     let tk = Tokenizer::from_file(dir.join("tokenizer.json")).expect("from_file");
     assert_eq!(tk.vocab_size(), 265);
     assert_eq!(tk.bos_id(), Some(261));
@@ -373,12 +378,13 @@ fn tokenizer_json_encode_decode() {
     std::fs::write(dir.join("bad.json"), "{not json").unwrap();
     let err = Tokenizer::from_file(dir.join("bad.json")).unwrap_err();
     assert!(err.to_string().contains("bad.json"), "{err}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 #[test]
 fn detokenizer_never_splits_characters() {
-    let dir = small_tokenizer_dir("detok", None);
+    let tmp = small_tokenizer_dir("detok", None);
+    let dir = tmp.path();
     let tk = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     // Every non-ASCII byte is its own token here, so every multi-byte
     // character is split across tokens.
@@ -437,7 +443,7 @@ fn detokenizer_never_splits_characters() {
         assert_eq!(stream(&tk, &ids, false).0, s);
         stream(&tk, &ids, true);
     }
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }
 
 // ------------------------------------------------------------ chat templates
@@ -517,9 +523,11 @@ fn chat_template_errors() {
 
 #[test]
 fn chat_template_from_tokenizer_config() {
-    let dir = std::env::temp_dir().join(format!("mlx-backend-tpl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("mlx-backend-tpl-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path();
 
     let single = dir.join("single.json");
     std::fs::write(
@@ -571,5 +579,5 @@ fn chat_template_from_tokenizer_config() {
 
     let err = ChatTemplate::from_tokenizer_config(dir.join("absent.json")).unwrap_err();
     assert!(matches!(err, TemplateError::NotFound { .. }), "{err:?}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    tmp.close().unwrap();
 }

@@ -297,46 +297,55 @@ impl ModelConfig {
         let architecture = Architecture::from_model_type(&arch)?;
         let key = |k: &str| format!("{arch}.{k}");
         let num = |k: &str| file.metadata_f64(&key(k));
+        let opt = |k: &str| file.opt_metadata_f64(&key(k));
         let hidden_size = num("embedding_length")? as usize;
         let heads = num("attention.head_count")? as usize;
-        let vocab_size = match num("vocab_size") {
-            Ok(v) => v as usize,
-            Err(_) => file.metadata_strings("tokenizer.ggml.tokens")?.len(),
+        let vocab_size = match opt("vocab_size")? {
+            Some(v) => v as usize,
+            None => file.metadata_strings("tokenizer.ggml.tokens")?.len(),
         };
-        let head_dim = num("rope.dimension_count")
+        let head_dim = opt("rope.dimension_count")?
             .map(|d| d as usize)
             .unwrap_or(hidden_size / heads.max(1));
+        let num_key_value_heads = opt("attention.head_count_kv")?
+            .map(|v| v as usize)
+            .unwrap_or(heads);
+        let rms_norm_eps = opt("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32;
+        let rope_theta = opt("rope.freq_base")?.unwrap_or(10000.0) as f32;
+        let max_position_embeddings = opt("context_length")?.map_or(4096, |v| v as usize);
+        // Some converters write -1 / u32::MAX for "no such token".
+        let token_id = |k: &str| -> Result<Option<u32>, ModelLoadError> {
+            Ok(file
+                .opt_metadata_f64(k)?
+                .filter(|&v| v >= 0.0 && v < u32::MAX as f64)
+                .map(|v| v as u32))
+        };
+        let bos_token_id = token_id("tokenizer.ggml.bos_token_id")?;
+        let eos_token_ids = token_id("tokenizer.ggml.eos_token_id")?
+            .into_iter()
+            .collect();
         Ok(ModelConfig {
             architecture,
             hidden_size,
             num_hidden_layers: num("block_count")? as usize,
             num_attention_heads: heads,
-            num_key_value_heads: num("attention.head_count_kv")
-                .map(|v| v as usize)
-                .unwrap_or(heads),
+            num_key_value_heads,
             head_dim,
             intermediate_size: num("feed_forward_length")? as usize,
             vocab_size,
-            rms_norm_eps: num("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f32,
-            rope_theta: num("rope.freq_base").unwrap_or(10000.0) as f32,
+            rms_norm_eps,
+            rope_theta,
             // llama.cpp's converter permutes q/k for interleaved rotation.
             rope_traditional: architecture == Architecture::Llama,
             rope_scaling: None,
-            max_position_embeddings: num("context_length").map(|v| v as usize).unwrap_or(4096),
+            max_position_embeddings,
             tie_word_embeddings: !file.names().iter().any(|n| n == "output.weight"),
             attention_bias: file.names().iter().any(|n| n == "blk.0.attn_q.bias"),
             qk_norm: file.names().iter().any(|n| n == "blk.0.attn_q_norm.weight"),
             moe: None,
             quantization: None,
-            bos_token_id: file
-                .metadata_f64("tokenizer.ggml.bos_token_id")
-                .ok()
-                .map(|v| v as u32),
-            eos_token_ids: file
-                .metadata_f64("tokenizer.ggml.eos_token_id")
-                .ok()
-                .map(|v| vec![v as u32])
-                .unwrap_or_default(),
+            bos_token_id,
+            eos_token_ids,
         })
     }
 }

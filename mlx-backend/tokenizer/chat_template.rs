@@ -6,7 +6,7 @@
 //! `strftime_now`).
 
 use super::error::TemplateError;
-use crate::io::{GgufFile, GgufValue};
+use crate::io::GgufFile;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use std::path::Path;
@@ -208,24 +208,23 @@ impl ChatTemplate {
     pub fn from_gguf(gguf: &GgufFile) -> Result<ChatTemplate, TemplateError> {
         let key = "tokenizer.chat_template";
         let source = gguf
-            .metadata_string(key)
-            .map_err(|_| TemplateError::MissingKey {
+            .opt_metadata_string(key)?
+            .ok_or_else(|| TemplateError::MissingKey {
                 path: gguf.path().into(),
                 key: key.into(),
             })?;
-        let tokens = match gguf.metadata("tokenizer.ggml.tokens") {
-            Some(GgufValue::Strings(t)) => t,
-            _ => Vec::new(),
-        };
-        let text_of = |key: &str| -> String {
-            gguf.metadata_f64(key)
-                .ok()
+        let tokens = gguf
+            .opt_metadata_strings("tokenizer.ggml.tokens")?
+            .unwrap_or_default();
+        let text_of = |key: &str| -> Result<String, TemplateError> {
+            Ok(gguf
+                .opt_metadata_f64(key)?
                 .filter(|&v| v >= 0.0)
                 .and_then(|v| tokens.get(v as usize).cloned())
-                .unwrap_or_default()
+                .unwrap_or_default())
         };
-        let bos = text_of("tokenizer.ggml.bos_token_id");
-        let eos = text_of("tokenizer.ggml.eos_token_id");
+        let bos = text_of("tokenizer.ggml.bos_token_id")?;
+        let eos = text_of("tokenizer.ggml.eos_token_id")?;
         Self::new(source, bos, eos)
     }
 

@@ -1,6 +1,7 @@
 //! Typed errors of the tokenizer and chat-template layer. Each names the file
 //! (or GGUF file) and, where one is missing or malformed, the key.
 
+use crate::error::LoadError;
 use thiserror::Error;
 
 /// Building or running a [`Tokenizer`](super::Tokenizer) failed.
@@ -26,6 +27,12 @@ pub enum TokenizerError {
     Encode(String),
     #[error("decoding failed: {0}")]
     Decode(String),
+    /// Reading the model file the tokenizer comes from failed.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The model's chat template is present but unusable.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
 }
 
 /// Loading or rendering a [`ChatTemplate`](super::ChatTemplate) failed.
@@ -50,4 +57,7 @@ pub enum TemplateError {
     Raised(String),
     #[error("rendering the chat template failed: {0}")]
     Render(String),
+    /// Reading the GGUF file the template comes from failed.
+    #[error(transparent)]
+    Load(#[from] LoadError),
 }

@@ -8,7 +8,7 @@
 //! space, no regex of its own).
 
 use super::error::TokenizerError;
-use crate::io::{GgufFile, GgufValue};
+use crate::io::GgufFile;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -97,7 +97,7 @@ pub(crate) struct GgufVocab {
 }
 
 fn opt_id(gguf: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>, TokenizerError> {
-    let Ok(v) = gguf.metadata_f64(key) else {
+    let Some(v) = gguf.opt_metadata_f64(key)? else {
         return Ok(None);
     };
     // Some converters write -1 / u32::MAX for "none".
@@ -114,8 +114,8 @@ fn opt_id(gguf: &GgufFile, key: &str, n_vocab: usize) -> Result<Option<u32>, Tok
     Ok(Some(v as u32))
 }
 
-fn opt_bool(gguf: &GgufFile, key: &str) -> Option<bool> {
-    gguf.metadata_f64(key).ok().map(|v| v != 0.0)
+fn opt_bool(gguf: &GgufFile, key: &str) -> Result<Option<bool>, TokenizerError> {
+    Ok(gguf.opt_metadata_f64(key)?.map(|v| v != 0.0))
 }
 
 pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
@@ -125,26 +125,25 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
         key: key.into(),
     };
     let model = gguf
-        .metadata_string("tokenizer.ggml.model")
-        .map_err(|_| missing("tokenizer.ggml.model"))?;
+        .opt_metadata_string("tokenizer.ggml.model")?
+        .ok_or_else(|| missing("tokenizer.ggml.model"))?;
     if model != "gpt2" {
         return Err(TokenizerError::UnsupportedModel {
             path: path.clone(),
             model,
         });
     }
-    let pre_name = match gguf.metadata("tokenizer.ggml.pre") {
-        Some(GgufValue::String(s)) => s,
-        _ => "default".to_string(),
-    };
+    let pre_name = gguf
+        .opt_metadata_string("tokenizer.ggml.pre")?
+        .unwrap_or_else(|| "default".to_string());
     let pre = pre_split(&pre_name).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer {
         path: path.clone(),
         pre: pre_name.clone(),
     })?;
 
     let mut tokens = gguf
-        .metadata_strings("tokenizer.ggml.tokens")
-        .map_err(|_| missing("tokenizer.ggml.tokens"))?;
+        .opt_metadata_strings("tokenizer.ggml.tokens")?
+        .ok_or_else(|| missing("tokenizer.ggml.tokens"))?;
     // llama.cpp names empty tokens so that every id has a distinct text.
     for (i, t) in tokens.iter_mut().enumerate() {
         if t.is_empty() {
@@ -153,11 +152,11 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     }
     let n_vocab = tokens.len();
     let merges_raw = gguf
-        .metadata_strings("tokenizer.ggml.merges")
-        .map_err(|_| missing("tokenizer.ggml.merges"))?;
-    let types: Vec<i64> = match gguf.metadata_f64s("tokenizer.ggml.token_type") {
-        Ok(t) if t.len() == n_vocab => t.into_iter().map(|x| x as i64).collect(),
-        Ok(t) => {
+        .opt_metadata_strings("tokenizer.ggml.merges")?
+        .ok_or_else(|| missing("tokenizer.ggml.merges"))?;
+    let types: Vec<i64> = match gguf.opt_metadata_f64s("tokenizer.ggml.token_type")? {
+        Some(t) if t.len() == n_vocab => t.into_iter().map(|x| x as i64).collect(),
+        Some(t) => {
             return Err(TokenizerError::InvalidKey {
                 path,
                 key: "tokenizer.ggml.token_type".into(),
@@ -165,7 +164,7 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
             })
         }
         // Without types every token is normal: nothing is parsed as special.
-        Err(_) => vec![1; n_vocab],
+        None => vec![1; n_vocab],
     };
 
     let mut vocab = Vocab::with_capacity(n_vocab);
@@ -197,8 +196,8 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<GgufVocab, TokenizerError> {
     let eom_id = opt_id(gguf, "tokenizer.ggml.eom_token_id", n_vocab)?;
     let pad_id = opt_id(gguf, "tokenizer.ggml.padding_token_id", n_vocab)?;
     let unk_id = opt_id(gguf, "tokenizer.ggml.unknown_token_id", n_vocab)?;
-    let add_bos = opt_bool(gguf, "tokenizer.ggml.add_bos_token").unwrap_or(pre.add_bos_default);
-    let add_eos = opt_bool(gguf, "tokenizer.ggml.add_eos_token").unwrap_or(false);
+    let add_bos = opt_bool(gguf, "tokenizer.ggml.add_bos_token")?.unwrap_or(pre.add_bos_default);
+    let add_eos = opt_bool(gguf, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
 
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab, merges)

@@ -9,15 +9,19 @@
 //!   character in two.
 //! * [`ChatTemplate`]: a model's Jinja chat template rendered with
 //!   `minijinja` the way HF `apply_chat_template` renders it.
+//! * [`StopStrings`]: stop strings over streamed text, holding back what
+//!   could still become one, so a stop string is never shown.
 
 mod chat_template;
 mod detokenizer;
 mod error;
 mod gguf_bpe;
+mod stop;
 
 pub use chat_template::{ChatMessage, ChatTemplate};
 pub use detokenizer::IncrementalDetokenizer;
 pub use error::{TemplateError, TokenizerError};
+pub use stop::{StopOutput, StopStrings};
 
 use crate::io::GgufFile;
 use std::path::Path;
@@ -308,6 +312,18 @@ impl Tokenizer {
     }
 }
 
+/// A model without a chat template is fine (`None`); one whose template
+/// file or key is there but broken is an error.
+fn optional_template(
+    t: Result<ChatTemplate, TemplateError>,
+) -> Result<Option<ChatTemplate>, TokenizerError> {
+    match t {
+        Ok(t) => Ok(Some(t)),
+        Err(TemplateError::NotFound { .. } | TemplateError::MissingKey { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The tokenizer and chat template that come with a model: from a GGUF
 /// file's metadata, or from `tokenizer.json` / `tokenizer_config.json` in an
 /// HF-style folder. The template is None when the model ships none.
@@ -317,14 +333,13 @@ pub fn for_model(
     let path = path.as_ref();
     if path.is_dir() {
         let tokenizer = Tokenizer::from_file(path.join("tokenizer.json"))?;
-        let template = ChatTemplate::from_tokenizer_config(path.join("tokenizer_config.json")).ok();
+        let template = optional_template(ChatTemplate::from_tokenizer_config(
+            path.join("tokenizer_config.json"),
+        ))?;
         return Ok((tokenizer, template));
     }
-    let gguf = GgufFile::load(path).map_err(|e| TokenizerError::Invalid {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let gguf = GgufFile::load(path)?;
     let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let template = ChatTemplate::from_gguf(&gguf).ok();
+    let template = optional_template(ChatTemplate::from_gguf(&gguf))?;
     Ok((tokenizer, template))
 }

@@ -5,8 +5,6 @@
 #![allow(dead_code)]
 
 use mlx_backend::{Array, Element};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// xorshift64*: small, seeded, good enough for test inputs.
 pub struct Rng(u64);
@@ -209,15 +207,16 @@ pub fn matmul_ref(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64
     out
 }
 
-/// A fresh empty directory under the system temp dir, unique per call.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let dir =
-        std::env::temp_dir().join(format!("mlx-backend-test-{}-{tag}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+/// A fresh empty directory under the system temp dir, unique per call, named
+/// `mlx-backend-test-<tag>-XXXXXX`. It is removed when the returned guard
+/// drops, so keep it alive for as long as the test uses the folder (use
+/// `.path()` where a path is needed); unwinding from a failed assertion drops
+/// it too.
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("mlx-backend-test-{tag}-"))
+        .tempdir()
+        .expect("create temp dir")
 }
 
 /// After an error, the process must still compute: a small sum checked exactly.

@@ -5,7 +5,7 @@ use super::temp_dir;
 use mlx_backend::model::{self, LoadOptions};
 use mlx_backend::ops::random;
 use mlx_backend::{io, Array, Dtype};
-use std::path::PathBuf;
+use tempfile::TempDir;
 
 pub const VOCAB: i32 = 384;
 pub const HIDDEN: i32 = 64;
@@ -15,9 +15,12 @@ pub const KV_HEADS: i32 = 2;
 pub const HEAD_DIM: i32 = 16;
 pub const INTER: i32 = 128;
 
-/// A random tiny Llama (4-bit quantized when `quantized`) as an HF folder.
-pub fn tiny_llama_folder(seed: u64, quantized: bool) -> PathBuf {
-    let dir = temp_dir("tiny-llama");
+/// A random tiny Llama (4-bit quantized when `quantized`) as an HF folder in
+/// a temp dir, removed when the returned guard drops: keep it alive while the
+/// folder is in use and pass `.path()`.
+pub fn tiny_llama_folder(seed: u64, quantized: bool) -> TempDir {
+    let tmp = temp_dir("tiny-llama");
+    let dir = tmp.path();
     let key = random::key(seed).unwrap();
     let keys = random::split(&key, 64).unwrap();
     let mut next = 0;
@@ -87,11 +90,14 @@ pub fn tiny_llama_folder(seed: u64, quantized: bool) -> PathBuf {
             "eos_token_id": 2{quant_block}}}"#
     );
     std::fs::write(dir.join("config.json"), config).unwrap();
-    dir
+    tmp
 }
 
+/// A tiny Llama loaded from a temp folder that is removed on return: the
+/// lazily loaded weights keep their files open, so they still evaluate.
 pub fn load_tiny(seed: u64, quantized: bool) -> model::Transformer {
-    model::load(tiny_llama_folder(seed, quantized), &LoadOptions::default())
+    let folder = tiny_llama_folder(seed, quantized);
+    model::load(folder.path(), &LoadOptions::default())
         .unwrap()
         .model
 }
