@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# On the GPU machine: assemble the parts packed by scripts/gpu/pack.sh
+# (stashed in /tmp/mlx-backend-gpu by earlier calls, or carried in this
+# one), then run the GPU checks and write a report.
+#
+#   scripts/gpu/run.sh [tests|generate|bench|all] [.gpu/<part> ...]
+#
+# tests     every packed test binary with MLX's default device the GPU
+# generate  the generate example on the GPU (the known greedy answer)
+# bench     bench_one_batch --no-peers on the GPU
+# Reports and logs go to $OUT (the device tool returns it), else ./gpu-report.
+set -uo pipefail
+WHAT="${1:-all}"
+shift || true
+STASH=/tmp/mlx-backend-gpu
+mkdir -p "$STASH"
+for p in "$@"; do cp "$p" "$STASH/"; done
+REPORT_DIR="${OUT:-$PWD/gpu-report}"
+mkdir -p "$REPORT_DIR"
+REPORT="$REPORT_DIR/report.md"
+APP=/opt/mlx-backend-gpu
+
+for kind in base app; do
+  if ls "$STASH/$kind.tar.xz.part-"* >/dev/null 2>&1; then
+    cat "$STASH/$kind.tar.xz.part-"* | xz -d | tar -C / -xf - ||
+      { echo "run: the $kind parts do not assemble (a part missing? the machine went cold?)"; exit 3; }
+  fi
+done
+[[ -d "$APP/deps" ]] || { echo "run: nothing unpacked: carry the parts first (docs/gpu.md)"; exit 3; }
+
+# CUDA 13 libraries from the machine's Python (PyTorch's nvidia wheels).
+NV="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia"
+for d in "$NV"/*/lib; do LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
+export LD_LIBRARY_PATH
+# MLX's compiled CUDA kernels (NVRTC) survive between runs of one call.
+export MLX_PTX_CACHE_DIR=/tmp/mlx-backend-gpu/ptx-cache
+GEN="$APP/examples/generate"
+missing="$(ldd "$GEN" | grep 'not found' || true)"
+if [[ -n "$missing" ]]; then
+  echo "run: unresolved libraries:"; echo "$missing"; exit 3
+fi
+
+{
+  echo "# GPU run"
+  echo
+  echo "- machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+  echo "- date: $(date -u +%FT%TZ)"
+  echo
+} >"$REPORT"
+
+status=0
+if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
+  echo "| test binary | result | seconds |" >>"$REPORT"
+  echo "| --- | --- | --- |" >>"$REPORT"
+  for t in "$APP"/deps/*; do
+    name="$(basename "$t")"
+    start=$SECONDS
+    "$t" --test-threads=1 >"$REPORT_DIR/$name.log" 2>&1
+    rc=$?
+    line="$(grep -E '^test result:' "$REPORT_DIR/$name.log" | tail -1)"
+    [[ $rc -ne 0 ]] && status=1
+    echo "| ${name%-*} | rc=$rc ${line#test result: } | $((SECONDS - start)) |" >>"$REPORT"
+  done
+  # Keep only the logs of failed binaries, in one file (the tool returns few files).
+  grep -l -E "FAILED|panicked|error" "$REPORT_DIR"/*.log 2>/dev/null | while read -r f; do
+    echo "=== $(basename "$f")"; grep -E "^test .* FAILED|panicked|^failures:|assert" "$f" | head -40
+  done >"$REPORT_DIR/failures.txt"
+  rm -f "$REPORT_DIR"/*.log
+fi
+if [[ "$WHAT" == all || "$WHAT" == generate ]]; then
+  echo >>"$REPORT"
+  echo '## generate --device gpu' >>"$REPORT"
+  echo '```' >>"$REPORT"
+  "$GEN" --device gpu --prompt "What is the capital of France?" --max-tokens 32 >>"$REPORT" 2>&1 || status=1
+  echo '```' >>"$REPORT"
+fi
+if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
+  echo >>"$REPORT"
+  echo '## bench_one_batch --no-peers (GPU)' >>"$REPORT"
+  echo '```' >>"$REPORT"
+  "$APP/examples/bench_one_batch" --no-peers --prefill 32,512 --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>&1 || status=1
+  echo '```' >>"$REPORT"
+fi
+cat "$REPORT"
+exit $status
