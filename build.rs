@@ -13,6 +13,9 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "build/cuda.rs"]
+mod cuda;
+
 const MLX_VERSION: &str = "0.32.4";
 
 /// Every environment variable this script reads goes through here, so that each
@@ -67,7 +70,7 @@ fn main() {
     let lib_dir = mlx_dir.join("lib");
     check_version(&include_dir);
 
-    compile_bridge(&include_dir);
+    compile_bridge(backend, &mlx_dir, &include_dir);
 
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
@@ -243,8 +246,10 @@ fn check_version(include_dir: &Path) {
     }
 }
 
-/// The C++ translation units: the bridge and one Primitive per kernel folder.
-fn cpp_sources() -> Vec<PathBuf> {
+/// The C++ translation units: the bridge and one Primitive per kernel
+/// folder, plus the backend files of this build's GPU backend (`cuda.cpp`
+/// and `cuda_*.cpp` with feature `cuda`; `metal*.cpp` on macOS).
+fn cpp_sources(backend: Backend) -> Vec<PathBuf> {
     let root = Path::new("mlx-kernels-cpp");
     let mut sources = Vec::new();
     let mut stack = vec![root.to_path_buf()];
@@ -255,7 +260,15 @@ fn cpp_sources() -> Vec<PathBuf> {
             let path = entry.path();
             if path.is_dir() {
                 stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "cpp") {
+                continue;
+            }
+            let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            let wanted = match stem.split('_').next() {
+                Some("cuda") => backend == Backend::Cuda,
+                Some("metal") => false,
+                _ => true,
+            };
+            if wanted && path.extension().is_some_and(|e| e == "cpp") {
                 sources.push(path);
             }
         }
@@ -264,8 +277,8 @@ fn cpp_sources() -> Vec<PathBuf> {
     sources
 }
 
-fn compile_bridge(include_dir: &Path) {
-    let sources = cpp_sources();
+fn compile_bridge(backend: Backend, mlx_dir: &Path, include_dir: &Path) {
+    let sources = cpp_sources(backend);
     let mut build = cxx_build::bridge("mlx-backend/ffi.rs");
     build
         .files(&sources)
@@ -276,9 +289,29 @@ fn compile_bridge(include_dir: &Path) {
         .flag_if_supported("-Wno-deprecated-declarations")
         .flag_if_supported("-Wno-missing-field-initializers")
         .opt_level(2);
+    if backend == Backend::Cuda {
+        let out_dir =
+            PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR is not set")));
+        let toolkit = cuda::toolkit(env_var, &cache_root(), &python(), fail);
+        let fatbins = cuda::compile_fatbins(
+            &toolkit,
+            Path::new("mlx-kernels-cpp"),
+            include_dir,
+            &out_dir,
+            fail,
+        );
+        // MLX's CUDA headers include cuda.h and {fmt}; the wheels ship neither.
+        build
+            .define("MLX_BACKEND_CUDA", None)
+            .include(fatbins)
+            .include(&toolkit.include)
+            .include(mlx_dir.join("../nvidia/cu13/include"))
+            .include("mlx-kernels-cpp/common/fmt_shim");
+    }
     build.compile("mlx_backend_bridge");
     println!("cargo:rerun-if-changed=mlx-backend/ffi.rs");
     println!("cargo:rerun-if-changed=mlx-kernels-cpp");
+    println!("cargo:rerun-if-changed=build/cuda.rs");
     for source in &sources {
         println!("cargo:rerun-if-changed={}", source.display());
     }

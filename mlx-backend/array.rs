@@ -276,8 +276,8 @@ fn checked_eval(run: impl FnOnce() -> Result<(), cxx::Exception>) -> Result<(), 
     if registry::failure_epoch() != before {
         let message = match registry::last_failure() {
             Some(f) => format!(
-                "kernel {} failed: {}; its outputs are invalid, later builds use the fallback",
-                f.kernel, f.message
+                "kernel {} failed on {}: {}; its outputs are invalid, later builds there use the fallback",
+                f.kernel, f.backend, f.message
             ),
             None => "a custom kernel failed".to_string(),
         };

@@ -539,6 +539,9 @@ pub(crate) mod bridge {
     // ---- CPU kernels called from C++ (on MLX's stream thread). They never
     // unwind: `false` means failed, with the failure recorded in the registry.
     extern "Rust" {
+        /// A GPU body's evaluation failed (its module did not load, its
+        /// launch failed): remember it, so later op builds fall back.
+        fn record_gpu_failure(kernel: i32, message: &str);
         #[allow(clippy::too_many_arguments)]
         fn rms_norm_cpu(
             dtype: i32,
@@ -682,4 +685,5 @@ use crate::kernels::decoder_layer::cpu::decoder_stack_cpu;
 use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
 use crate::kernels::moe_combine::cpu::moe_combine_cpu;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;
+use crate::kernels::registry::record_gpu_failure;
 use crate::kernels::rms_norm::cpu::{rms_norm_cpu, rms_norm_residual_cpu};

@@ -103,13 +103,14 @@ fn safetensors_round_trip_every_dtype() {
     assert_close(&f32s(&back), &expected, 0.0, 0.0, "saved view");
     assert!(SafetensorsFile::load(&vpath).unwrap().metadata().is_empty());
 
-    // MLX 0.32 writes no float64 safetensors: an error, not a crash.
-    let e = save_safetensors(
-        dir.join("f64.safetensors"),
-        &[("d", &xa.astype(Dtype::F64).unwrap())],
-        &[],
-    )
-    .expect_err("MLX cannot save float64");
+    // MLX 0.32 writes no float64 safetensors: an error, not a crash. The
+    // f64 array is made on the CPU (MLX has no float64 on a GPU).
+    let f64_array = mlx_backend::Device::Cpu
+        .default_stream()
+        .unwrap()
+        .scope(|| xa.astype(Dtype::F64).unwrap());
+    let e = save_safetensors(dir.join("f64.safetensors"), &[("d", &f64_array)], &[])
+        .expect_err("MLX cannot save float64");
     assert!(e.to_string().contains("dtype"), "{e}");
     assert_still_works();
 }

@@ -6,7 +6,7 @@
 mod common;
 mod kernels_common;
 
-use kernels_common::{max_rel_err, norm_rel_err, normal};
+use kernels_common::{max_rel_err, norm_rel_err, normal, on_cpu};
 use mlx_backend::kernels::{
     decoder_layer, registry, ActivationPrecision, DecoderLayer, DecoderStack, FallbackReason,
     Kernel, RopeSpec,
@@ -204,112 +204,139 @@ fn check(v: Variant, caps: &[i32], offsets: &[i32], seed: u64) {
 
 #[test]
 fn one_row_matches_mlx_ops() {
-    check(Variant::default(), &[16], &[5], 1);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        check(Variant::default(), &[16], &[5], 1);
+    });
 }
 
 #[test]
 fn ragged_rows_match_mlx_ops() {
-    check(Variant::default(), &[8, 40, 33], &[0, 39, 17], 2);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        check(Variant::default(), &[8, 40, 33], &[0, 39, 17], 2);
+    });
 }
 
 #[test]
 fn long_rows_match_mlx_ops() {
-    // Enough keys that the attention is split over the pool.
-    check(Variant::default(), &[600, 300], &[590, 250], 18);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        // Enough keys that the attention is split over the pool.
+        check(Variant::default(), &[600, 300], &[590, 250], 18);
+    });
 }
 
 #[test]
 fn non_traditional_rope_with_bias_and_qk_norm() {
-    let v = Variant {
-        bias: true,
-        qk_norm: true,
-        traditional: false,
-        ..Variant::default()
-    };
-    check(v, &[12, 20], &[11, 3], 3);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            bias: true,
+            qk_norm: true,
+            traditional: false,
+            ..Variant::default()
+        };
+        check(v, &[12, 20], &[11, 3], 3);
+    });
 }
 
 #[test]
 fn explicit_frequencies_mscale_and_partial_rotation() {
-    let v = Variant {
-        freqs: true,
-        mscale: 1.3,
-        rope_dims: 16,
-        ..Variant::default()
-    };
-    check(v, &[24], &[9], 4);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            freqs: true,
+            mscale: 1.3,
+            rope_dims: 16,
+            ..Variant::default()
+        };
+        check(v, &[24], &[9], 4);
+    });
 }
 
 #[test]
 fn mixed_bits_and_group_sizes() {
-    let v = Variant {
-        quant: [
-            (8, 64),
-            (4, 64),
-            (8, 32),
-            (4, 128),
-            (8, 32),
-            (8, 32),
-            (4, 64),
-        ],
-        ..Variant::default()
-    };
-    check(v, &[10, 10], &[4, 9], 5);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            quant: [
+                (8, 64),
+                (4, 64),
+                (8, 32),
+                (4, 128),
+                (8, 32),
+                (8, 32),
+                (4, 64),
+            ],
+            ..Variant::default()
+        };
+        check(v, &[10, 10], &[4, 9], 5);
+    });
 }
 
 #[test]
 fn half_precision_scales_with_f32_norms() {
-    // The GGUF layout on the CPU: f32 activations and norms, the
-    // checkpoint's f16 (or bf16) scales and biases.
-    for (scales, seed) in [(Dtype::F16, 21), (Dtype::BF16, 22)] {
-        let v = Variant {
-            bias: true,
-            qk_norm: true,
-            scales,
-            ..Variant::default()
-        };
-        check(v, &[9, 17], &[8, 2], seed);
-    }
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        // The GGUF layout on the CPU: f32 activations and norms, the
+        // checkpoint's f16 (or bf16) scales and biases.
+        for (scales, seed) in [(Dtype::F16, 21), (Dtype::BF16, 22)] {
+            let v = Variant {
+                bias: true,
+                qk_norm: true,
+                scales,
+                ..Variant::default()
+            };
+            check(v, &[9, 17], &[8, 2], seed);
+        }
+    });
 }
 
 #[test]
 fn int8_activations_stay_close_to_mlx_ops() {
-    let v = Variant {
-        activations: ActivationPrecision::Int8,
-        quant: [
-            (4, 32),
-            (4, 32),
-            (8, 64),
-            (4, 32),
-            (4, 32),
-            (4, 32),
-            (8, 32),
-        ],
-        ..Variant::default()
-    };
-    check(v, &[16, 30], &[15, 6], 17);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            activations: ActivationPrecision::Int8,
+            quant: [
+                (4, 32),
+                (4, 32),
+                (8, 64),
+                (4, 32),
+                (4, 32),
+                (4, 32),
+                (8, 32),
+            ],
+            ..Variant::default()
+        };
+        check(v, &[16, 30], &[15, 6], 17);
+    });
 }
 
 /// Int16 x (rounded per word of W, ~1e-5 of a projection) stays within
 /// 2e-4 of the MLX graph (int8: 2e-2).
 #[test]
 fn int16_activations_stay_close_to_mlx_ops() {
-    let v = Variant {
-        activations: ActivationPrecision::Int16,
-        quant: [
-            (4, 32),
-            (4, 64),
-            (8, 32),
-            (4, 32),
-            (4, 128),
-            (4, 128),
-            (8, 64),
-        ],
-        bias: true,
-        qk_norm: true,
-        ..Variant::default()
-    };
-    check(v, &[16, 30, 9], &[15, 6, 0], 23);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            activations: ActivationPrecision::Int16,
+            quant: [
+                (4, 32),
+                (4, 64),
+                (8, 32),
+                (4, 32),
+                (4, 128),
+                (4, 128),
+                (8, 64),
+            ],
+            bias: true,
+            qk_norm: true,
+            ..Variant::default()
+        };
+        check(v, &[16, 30, 9], &[15, 6, 0], 23);
+    });
 }
 
 /// Six ragged rows in int16: on AVX-512 VNNI the projections take
@@ -318,120 +345,138 @@ fn int16_activations_stay_close_to_mlx_ops() {
 /// the per-word `vpmaddwd` kernel.
 #[test]
 fn int16_batch_of_six_rows_stays_close_to_mlx_ops() {
-    let v = Variant {
-        activations: ActivationPrecision::Int16,
-        ..Variant::default()
-    };
-    check(v, &[16, 30, 9, 64, 5, 41], &[15, 6, 0, 63, 2, 40], 29);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            activations: ActivationPrecision::Int16,
+            ..Variant::default()
+        };
+        check(v, &[16, 30, 9, 64, 5, 41], &[15, 6, 0, 63, 2, 40], 29);
+    });
 }
 
 /// Nine ragged rows in int16: `row_lanes` on AVX2 too (8+ rows there),
 /// with a pass of 8 x rows and one of 1.
 #[test]
 fn int16_batch_of_nine_rows_stays_close_to_mlx_ops() {
-    let v = Variant {
-        activations: ActivationPrecision::Int16,
-        ..Variant::default()
-    };
-    check(
-        v,
-        &[16, 30, 9, 64, 5, 41, 12, 33, 7],
-        &[15, 6, 0, 63, 2, 40, 11, 1, 6],
-        31,
-    );
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let v = Variant {
+            activations: ActivationPrecision::Int16,
+            ..Variant::default()
+        };
+        check(
+            v,
+            &[16, 30, 9, 64, 5, 41, 12, 33, 7],
+            &[15, 6, 0, 63, 2, 40, 11, 1, 6],
+            31,
+        );
+    });
 }
 
 #[test]
 fn a_cache_held_elsewhere_is_left_unchanged() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant::default();
-    let w = weights(&v, 6);
-    let (k, val) = caches(&[9], 7).pop().unwrap();
-    eval(&[&k, &val]).unwrap();
-    let (k_before, v_before) = (k.to_vec::<f32>().unwrap(), val.to_vec::<f32>().unwrap());
-    let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 8);
-    let (_, rows) = decoder_layer(&x, &layer(&v, &w), &[(&k, &val)], &[4]).unwrap();
-    let (k2, v2) = &rows[0];
-    eval(&[k2, v2]).unwrap();
-    // The inputs are still held here: the kernel must have copied them.
-    assert_eq!(k.to_vec::<f32>().unwrap(), k_before);
-    assert_eq!(val.to_vec::<f32>().unwrap(), v_before);
-    let (k2, v2) = (k2.to_vec::<f32>().unwrap(), v2.to_vec::<f32>().unwrap());
-    let row = |h: usize, p: usize| (h * 9 + p) * D as usize..(h * 9 + p + 1) * D as usize;
-    for h in 0..NKV as usize {
-        for p in (0..9).filter(|&p| p != 4) {
-            assert_eq!(k2[row(h, p)], k_before[row(h, p)], "head {h} pos {p}");
-            assert_eq!(v2[row(h, p)], v_before[row(h, p)], "head {h} pos {p}");
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let v = Variant::default();
+        let w = weights(&v, 6);
+        let (k, val) = caches(&[9], 7).pop().unwrap();
+        eval(&[&k, &val]).unwrap();
+        let (k_before, v_before) = (k.to_vec::<f32>().unwrap(), val.to_vec::<f32>().unwrap());
+        let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 8);
+        let (_, rows) = decoder_layer(&x, &layer(&v, &w), &[(&k, &val)], &[4]).unwrap();
+        let (k2, v2) = &rows[0];
+        eval(&[k2, v2]).unwrap();
+        // The inputs are still held here: the kernel must have copied them.
+        assert_eq!(k.to_vec::<f32>().unwrap(), k_before);
+        assert_eq!(val.to_vec::<f32>().unwrap(), v_before);
+        let (k2, v2) = (k2.to_vec::<f32>().unwrap(), v2.to_vec::<f32>().unwrap());
+        let row = |h: usize, p: usize| (h * 9 + p) * D as usize..(h * 9 + p + 1) * D as usize;
+        for h in 0..NKV as usize {
+            for p in (0..9).filter(|&p| p != 4) {
+                assert_eq!(k2[row(h, p)], k_before[row(h, p)], "head {h} pos {p}");
+                assert_eq!(v2[row(h, p)], v_before[row(h, p)], "head {h} pos {p}");
+            }
+            assert_ne!(k2[row(h, 4)], k_before[row(h, 4)]);
         }
-        assert_ne!(k2[row(h, 4)], k_before[row(h, 4)]);
-    }
+    });
 }
 
 #[test]
 fn bad_calls_name_the_problem_and_leave_things_usable() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant::default();
-    let w = weights(&v, 9);
-    let (k, val) = caches(&[6], 10).pop().unwrap();
-    let l = layer(&v, &w);
-    let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 11);
-    let err = decoder_layer(&x, &l, &[(&k, &val)], &[6]).unwrap_err();
-    assert!(err.to_string().contains("offset 6"), "{err}");
-    let two_tokens = normal(&[1, 2, H], Dtype::F32, 0.0, 1.0, 12);
-    let err = decoder_layer(&two_tokens, &l, &[(&k, &val)], &[1]).unwrap_err();
-    assert!(err.to_string().contains("[B, 1, hidden]"), "{err}");
-    let wrong_heads = normal(&[1, NKV + 1, 6, D], Dtype::F32, 0.0, 1.0, 13);
-    let err = decoder_layer(&x, &l, &[(&wrong_heads, &wrong_heads)], &[1]).unwrap_err();
-    assert!(err.to_string().contains("cache 0"), "{err}");
-    let err = decoder_layer(&x, &l, &[(&k, &val)], &[1, 2]).unwrap_err();
-    assert!(err.to_string().contains("offsets"), "{err}");
-    // Still usable.
-    let (out, _) = decoder_layer(&x, &l, &[(&k, &val)], &[5]).unwrap();
-    assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let v = Variant::default();
+        let w = weights(&v, 9);
+        let (k, val) = caches(&[6], 10).pop().unwrap();
+        let l = layer(&v, &w);
+        let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 11);
+        let err = decoder_layer(&x, &l, &[(&k, &val)], &[6]).unwrap_err();
+        assert!(err.to_string().contains("offset 6"), "{err}");
+        let two_tokens = normal(&[1, 2, H], Dtype::F32, 0.0, 1.0, 12);
+        let err = decoder_layer(&two_tokens, &l, &[(&k, &val)], &[1]).unwrap_err();
+        assert!(err.to_string().contains("[B, 1, hidden]"), "{err}");
+        let wrong_heads = normal(&[1, NKV + 1, 6, D], Dtype::F32, 0.0, 1.0, 13);
+        let err = decoder_layer(&x, &l, &[(&wrong_heads, &wrong_heads)], &[1]).unwrap_err();
+        assert!(err.to_string().contains("cache 0"), "{err}");
+        let err = decoder_layer(&x, &l, &[(&k, &val)], &[1, 2]).unwrap_err();
+        assert!(err.to_string().contains("offsets"), "{err}");
+        // Still usable.
+        let (out, _) = decoder_layer(&x, &l, &[(&k, &val)], &[5]).unwrap();
+        assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+    });
 }
 
 #[test]
 fn half_precision_activations_fall_back_counted() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant::default();
-    let w = weights(&v, 14);
-    let (k, val) = caches(&[6], 15).pop().unwrap();
-    let (k, val) = (
-        k.astype(Dtype::F16).unwrap(),
-        val.astype(Dtype::F16).unwrap(),
-    );
-    let x = normal(&[1, 1, H], Dtype::F16, 0.0, 1.0, 16);
-    let before = registry::snapshot().get(Kernel::DecoderLayer);
-    let (out, _) = decoder_layer(&x, &layer(&v, &w), &[(&k, &val)], &[2]).unwrap();
-    let after = registry::snapshot().get(Kernel::DecoderLayer);
-    assert_eq!(
-        after.fallbacks(FallbackReason::UnsupportedDtype)
-            - before.fallbacks(FallbackReason::UnsupportedDtype),
-        1
-    );
-    assert!(out.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let v = Variant::default();
+        let w = weights(&v, 14);
+        let (k, val) = caches(&[6], 15).pop().unwrap();
+        let (k, val) = (
+            k.astype(Dtype::F16).unwrap(),
+            val.astype(Dtype::F16).unwrap(),
+        );
+        let x = normal(&[1, 1, H], Dtype::F16, 0.0, 1.0, 16);
+        let before = registry::snapshot().get(Kernel::DecoderLayer);
+        let (out, _) = decoder_layer(&x, &layer(&v, &w), &[(&k, &val)], &[2]).unwrap();
+        let after = registry::snapshot().get(Kernel::DecoderLayer);
+        assert_eq!(
+            after.fallbacks(FallbackReason::UnsupportedDtype)
+                - before.fallbacks(FallbackReason::UnsupportedDtype),
+            1
+        );
+        assert!(out.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
+    });
 }
 
 /// Gate and up quantized differently (valid for MLX, not for the fused
 /// pair) build MLX's graph, counted, and the kernel stays usable.
 #[test]
 fn unlike_gate_and_up_fall_back_counted() {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut v = Variant::default();
-    v.quant[5] = (4, 64);
-    let w = weights(&v, 24);
-    let cache = caches(&[6], 25);
-    let kv: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
-    let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 26);
-    let reason = FallbackReason::UnsupportedQuantization;
-    let before = registry::snapshot().get(Kernel::DecoderLayer);
-    let (out, _) = decoder_layer(&x, &layer(&v, &w), &kv, &[2]).unwrap();
-    out.eval().unwrap();
-    let after = registry::snapshot().get(Kernel::DecoderLayer);
-    assert_eq!(after.fallbacks(reason) - before.fallbacks(reason), 1);
-    assert!(out.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
-    drop(guard);
-    check(Variant::default(), &[7], &[3], 27);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = Variant::default();
+        v.quant[5] = (4, 64);
+        let w = weights(&v, 24);
+        let cache = caches(&[6], 25);
+        let kv: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
+        let x = normal(&[1, 1, H], Dtype::F32, 0.0, 1.0, 26);
+        let reason = FallbackReason::UnsupportedQuantization;
+        let before = registry::snapshot().get(Kernel::DecoderLayer);
+        let (out, _) = decoder_layer(&x, &layer(&v, &w), &kv, &[2]).unwrap();
+        out.eval().unwrap();
+        let after = registry::snapshot().get(Kernel::DecoderLayer);
+        assert_eq!(after.fallbacks(reason) - before.fallbacks(reason), 1);
+        assert!(out.to_f32_vec().unwrap().iter().all(|v| v.is_finite()));
+        drop(guard);
+        check(Variant::default(), &[7], &[3], 27);
+    });
 }
 
 /// Greedy decode of the tiny 4-bit Llama: `(tokens, last logits, fused
@@ -472,24 +517,27 @@ fn tiny_greedy(m: &model::Transformer, fused: bool) -> (Vec<u32>, Array, u64, u6
 
 #[test]
 fn tiny_model_decodes_through_fused_blocks_in_place() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let folder = common::tiny::tiny_llama_folder(21, true);
-    // Exact x: fused and op-by-op blocks then agree to f32 rounding (with
-    // int16 x each rounds x at its own points).
-    let options = LoadOptions {
-        activations: ActivationPrecision::Exact,
-        ..LoadOptions::for_device(mlx_backend::Device::Cpu)
-    };
-    let m = model::load(folder.path(), &options).unwrap().model;
-    let (want, want_logits, unfused, _) = tiny_greedy(&m, false);
-    let (got, got_logits, fused, copies) = tiny_greedy(&m, true);
-    assert_eq!(unfused, 0);
-    assert_eq!(fused, 12);
-    assert_eq!(got, want);
-    let err = max_rel_err(&got_logits, &want_logits, 1e-2);
-    assert!(err < 1e-3, "logits: max rel err {err}");
-    // Every cache buffer was updated in place: no per-token copy.
-    assert_eq!(copies, 0);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let folder = common::tiny::tiny_llama_folder(21, true);
+        // Exact x: fused and op-by-op blocks then agree to f32 rounding (with
+        // int16 x each rounds x at its own points).
+        let options = LoadOptions {
+            activations: ActivationPrecision::Exact,
+            ..LoadOptions::for_device(mlx_backend::Device::Cpu)
+        };
+        let m = model::load(folder.path(), &options).unwrap().model;
+        let (want, want_logits, unfused, _) = tiny_greedy(&m, false);
+        let (got, got_logits, fused, copies) = tiny_greedy(&m, true);
+        assert_eq!(unfused, 0);
+        assert_eq!(fused, 12);
+        assert_eq!(got, want);
+        let err = max_rel_err(&got_logits, &want_logits, 1e-2);
+        assert!(err < 1e-3, "logits: max rel err {err}");
+        // Every cache buffer was updated in place: no per-token copy.
+        assert_eq!(copies, 0);
+    });
 }
 
 /// The result of a decoder call: out and the updated caches.
@@ -574,28 +622,31 @@ fn stack_call(seed: u64) -> StackCall {
 /// built from MLX's ops, with every cache checked.
 #[test]
 fn stacked_blocks_match_mlx_ops_across_nodes() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let StackCall {
-        v,
-        weights,
-        cache,
-        offsets,
-        x,
-    } = stack_call(300);
-    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
-    let stack = DecoderStack::new(&layers).unwrap();
-    assert_eq!(stack.len(), STACK_BLOCKS as usize);
-    let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
-    let got = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
-    assert_eq!((want.2, got.2), (0, 2));
-    assert_eq!(got.1.len(), cache.len());
-    assert_close(&got, &want);
-    // A call that does not match the stack is an error and changes nothing.
-    let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
-    let err = stack.forward(&x, &refs[1..], &offsets[1..]).unwrap_err();
-    assert!(err.to_string().contains("35 caches"), "{err}");
-    let (out, _) = stack.forward(&x, &refs, &offsets).unwrap();
-    assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let StackCall {
+            v,
+            weights,
+            cache,
+            offsets,
+            x,
+        } = stack_call(300);
+        let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+        let stack = DecoderStack::new(&layers).unwrap();
+        assert_eq!(stack.len(), STACK_BLOCKS as usize);
+        let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
+        let got = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
+        assert_eq!((want.2, got.2), (0, 2));
+        assert_eq!(got.1.len(), cache.len());
+        assert_close(&got, &want);
+        // A call that does not match the stack is an error and changes nothing.
+        let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
+        let err = stack.forward(&x, &refs[1..], &offsets[1..]).unwrap_err();
+        assert!(err.to_string().contains("35 caches"), "{err}");
+        let (out, _) = stack.forward(&x, &refs, &offsets).unwrap();
+        assert!(out.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+    });
 }
 
 /// With `writing_caches_in_place`, evaluated caches that hold their
@@ -606,86 +657,89 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
 /// and the view and the given caches keep their values.
 #[test]
 fn caches_are_written_in_place_when_they_allow_it() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let StackCall {
-        v,
-        weights,
-        cache,
-        offsets,
-        x,
-    } = stack_call(1500);
-    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
-    let stack = DecoderStack::new(&layers)
-        .unwrap()
-        .writing_caches_in_place();
-    let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
-    let fused = || registry::snapshot().get(Kernel::DecoderLayer).fused;
-    // Evaluated copies, each the only holder of its buffer.
-    let evaluated = || {
-        let owned: Vec<(Array, Array)> = cache
-            .iter()
-            .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
-            .collect();
-        let all: Vec<&Array> = owned.iter().flat_map(|(k, v)| [k, v]).collect();
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let StackCall {
+            v,
+            weights,
+            cache,
+            offsets,
+            x,
+        } = stack_call(1500);
+        let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+        let stack = DecoderStack::new(&layers)
+            .unwrap()
+            .writing_caches_in_place();
+        let want = run_stack(|c| stack.forward(&x, c, &offsets), &cache, false);
+        let fused = || registry::snapshot().get(Kernel::DecoderLayer).fused;
+        // Evaluated copies, each the only holder of its buffer.
+        let evaluated = || {
+            let owned: Vec<(Array, Array)> = cache
+                .iter()
+                .map(|(k, v)| (k.add_scalar(0.0).unwrap(), v.add_scalar(0.0).unwrap()))
+                .collect();
+            let all: Vec<&Array> = owned.iter().flat_map(|(k, v)| [k, v]).collect();
+            eval(&all).unwrap();
+            owned
+        };
+
+        let owned = evaluated();
+        let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+        assert!(DecoderStack::caches_writable_in_place(&refs));
+        // The same buffer twice is not writable in place.
+        assert!(!DecoderStack::caches_writable_in_place(&[(
+            &owned[0].0,
+            &owned[0].0
+        )]));
+        let pending = owned[0].1.add_scalar(1.0).unwrap();
+        assert!(!DecoderStack::caches_writable_in_place(&[(
+            &owned[0].0,
+            &pending
+        )]));
+        let before = fused();
+        let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
+        assert_eq!(fused() - before, 1);
+        assert_eq!(rows.len(), owned.len());
+        eval(&[&out]).unwrap();
+        assert_close(&(out.clone(), owned.clone(), 1), &want);
+        assert_close(&(out, rows, 1), &want);
+
+        // A view of one cache shares its buffer: not written in place.
+        let owned = evaluated();
+        let view = owned[3].1.slice_axis(2, 0, 4).unwrap();
+        eval(&[&view]).unwrap();
+        let view_before = view.to_vec::<f32>().unwrap();
+        let given_before = owned[3].1.to_vec::<f32>().unwrap();
+        let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+        assert!(!DecoderStack::caches_writable_in_place(&refs));
+        let before = fused();
+        let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
+        assert_eq!(fused() - before, 2, "6 blocks of 5 rows per node");
+        let mut all = vec![&out];
+        all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
         eval(&all).unwrap();
-        owned
-    };
+        assert_close(&(out, rows, 2), &want);
+        assert_eq!(view.to_vec::<f32>().unwrap(), view_before);
+        assert_eq!(owned[3].1.to_vec::<f32>().unwrap(), given_before);
 
-    let owned = evaluated();
-    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-    assert!(DecoderStack::caches_writable_in_place(&refs));
-    // The same buffer twice is not writable in place.
-    assert!(!DecoderStack::caches_writable_in_place(&[(
-        &owned[0].0,
-        &owned[0].0
-    )]));
-    let pending = owned[0].1.add_scalar(1.0).unwrap();
-    assert!(!DecoderStack::caches_writable_in_place(&[(
-        &owned[0].0,
-        &pending
-    )]));
-    let before = fused();
-    let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
-    assert_eq!(fused() - before, 1);
-    assert_eq!(rows.len(), owned.len());
-    eval(&[&out]).unwrap();
-    assert_close(&(out.clone(), owned.clone(), 1), &want);
-    assert_close(&(out, rows, 1), &want);
-
-    // A view of one cache shares its buffer: not written in place.
-    let owned = evaluated();
-    let view = owned[3].1.slice_axis(2, 0, 4).unwrap();
-    eval(&[&view]).unwrap();
-    let view_before = view.to_vec::<f32>().unwrap();
-    let given_before = owned[3].1.to_vec::<f32>().unwrap();
-    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-    assert!(!DecoderStack::caches_writable_in_place(&refs));
-    let before = fused();
-    let (out, rows) = stack.forward(&x, &refs, &offsets).unwrap();
-    assert_eq!(fused() - before, 2, "6 blocks of 5 rows per node");
-    let mut all = vec![&out];
-    all.extend(rows.iter().flat_map(|(k, v)| [k, v]));
-    eval(&all).unwrap();
-    assert_close(&(out, rows, 2), &want);
-    assert_eq!(view.to_vec::<f32>().unwrap(), view_before);
-    assert_eq!(owned[3].1.to_vec::<f32>().unwrap(), given_before);
-
-    // A view made after the node was built, evaluated before it: the node
-    // refuses to write a shared buffer (a typed error, the view keeps its
-    // values), and the stack goes on working.
-    let owned = evaluated();
-    let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
-    let (out, _) = stack.forward(&x, &refs, &offsets).unwrap();
-    let late = owned[0].0.slice_axis(2, 0, 4).unwrap();
-    eval(&[&late]).unwrap();
-    let late_before = late.to_vec::<f32>().unwrap();
-    let err = eval(&[&out]).unwrap_err();
-    assert!(err.to_string().contains("written in place"), "{err}");
-    assert_eq!(late.to_vec::<f32>().unwrap(), late_before);
-    assert!(!registry::has_failed(Kernel::DecoderLayer));
-    drop(late);
-    let again = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
-    assert_close(&again, &want);
+        // A view made after the node was built, evaluated before it: the node
+        // refuses to write a shared buffer (a typed error, the view keeps its
+        // values), and the stack goes on working.
+        let owned = evaluated();
+        let refs: Vec<(&Array, &Array)> = owned.iter().map(|(k, v)| (k, v)).collect();
+        let (out, _) = stack.forward(&x, &refs, &offsets).unwrap();
+        let late = owned[0].0.slice_axis(2, 0, 4).unwrap();
+        eval(&[&late]).unwrap();
+        let late_before = late.to_vec::<f32>().unwrap();
+        let err = eval(&[&out]).unwrap_err();
+        assert!(err.to_string().contains("written in place"), "{err}");
+        assert_eq!(late.to_vec::<f32>().unwrap(), late_before);
+        assert!(!registry::has_failed(Kernel::DecoderLayer));
+        drop(late);
+        let again = run_stack(|c| stack.forward(&x, c, &offsets), &cache, true);
+        assert_close(&again, &want);
+    });
 }
 
 /// Token ids looked up in the stack's quantized table inside the first
@@ -694,49 +748,53 @@ fn caches_are_written_in_place_when_they_allow_it() {
 /// MLX's ops; calls the table cannot serve are errors.
 #[test]
 fn token_ids_are_looked_up_in_the_first_node() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant::default();
-    let weights: Vec<Weights> = (0..3).map(|l| weights(&v, 900 + 50 * l)).collect();
-    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
-    let caps = [9, 20, 14];
-    let offsets_per_row = [8, 3, 13];
-    let cache: Vec<(Array, Array)> = (0..3).flat_map(|l| caches(&caps, 1100 + 10 * l)).collect();
-    let offsets: Vec<i32> = (0..3).flat_map(|_| offsets_per_row).collect();
-    for (bits, seed) in [(8, 1200), (4, 1300)] {
-        let table = quantize(&normal(&[50, H], Dtype::F32, 0.0, 1.0, seed), 32, bits).unwrap();
-        let stack = DecoderStack::new(&layers)
-            .unwrap()
-            .with_embedding(&table)
-            .unwrap();
-        for ids in [
-            Array::from_slice(&[7u32, 49, 0], &[3, 1]).unwrap(),
-            Array::from_slice(&[7i32, 49, 0], &[3, 1]).unwrap(),
-        ] {
-            // The model's own lookup, then the blocks from MLX's ops.
-            let rows = Quantized {
-                weight: table.weight.take(&ids, 0).unwrap(),
-                scales: table.scales.take(&ids, 0).unwrap(),
-                biases: table.biases.take(&ids, 0).unwrap(),
-                group_size: 32,
-                bits,
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let v = Variant::default();
+        let weights: Vec<Weights> = (0..3).map(|l| weights(&v, 900 + 50 * l)).collect();
+        let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+        let caps = [9, 20, 14];
+        let offsets_per_row = [8, 3, 13];
+        let cache: Vec<(Array, Array)> =
+            (0..3).flat_map(|l| caches(&caps, 1100 + 10 * l)).collect();
+        let offsets: Vec<i32> = (0..3).flat_map(|_| offsets_per_row).collect();
+        for (bits, seed) in [(8, 1200), (4, 1300)] {
+            let table = quantize(&normal(&[50, H], Dtype::F32, 0.0, 1.0, seed), 32, bits).unwrap();
+            let stack = DecoderStack::new(&layers)
+                .unwrap()
+                .with_embedding(&table)
+                .unwrap();
+            for ids in [
+                Array::from_slice(&[7u32, 49, 0], &[3, 1]).unwrap(),
+                Array::from_slice(&[7i32, 49, 0], &[3, 1]).unwrap(),
+            ] {
+                // The model's own lookup, then the blocks from MLX's ops.
+                let rows = Quantized {
+                    weight: table.weight.take(&ids, 0).unwrap(),
+                    scales: table.scales.take(&ids, 0).unwrap(),
+                    biases: table.biases.take(&ids, 0).unwrap(),
+                    group_size: 32,
+                    bits,
+                }
+                .dequantize()
+                .unwrap();
+                let want = run_stack(|c| stack.forward(&rows, c, &offsets), &cache, false);
+                let got = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, true);
+                assert_eq!(got.2, 1);
+                assert_eq!(got.0.shape(), vec![3, 1, H]);
+                assert_close(&got, &want);
             }
-            .dequantize()
-            .unwrap();
-            let want = run_stack(|c| stack.forward(&rows, c, &offsets), &cache, false);
-            let got = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, true);
-            assert_eq!(got.2, 1);
-            assert_eq!(got.0.shape(), vec![3, 1, H]);
-            assert_close(&got, &want);
         }
-    }
-    let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
-    let ids = Array::from_slice(&[1u32, 2, 3], &[3, 1]).unwrap();
-    let plain = DecoderStack::new(&layers).unwrap();
-    let err = plain.forward_tokens(&ids, &refs, &offsets).unwrap_err();
-    assert!(err.to_string().contains("embedding table"), "{err}");
-    let floats = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3, 1]).unwrap();
-    let err = plain.forward_tokens(&floats, &refs, &offsets).unwrap_err();
-    assert!(err.to_string().contains("token ids"), "{err}");
+        let refs: Vec<(&Array, &Array)> = cache.iter().map(|(k, v)| (k, v)).collect();
+        let ids = Array::from_slice(&[1u32, 2, 3], &[3, 1]).unwrap();
+        let plain = DecoderStack::new(&layers).unwrap();
+        let err = plain.forward_tokens(&ids, &refs, &offsets).unwrap_err();
+        assert!(err.to_string().contains("embedding table"), "{err}");
+        let floats = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3, 1]).unwrap();
+        let err = plain.forward_tokens(&floats, &refs, &offsets).unwrap_err();
+        assert!(err.to_string().contains("token ids"), "{err}");
+    });
 }
 
 /// A stack from token ids to logits (lookup, blocks, final norm and an
@@ -744,27 +802,31 @@ fn token_ids_are_looked_up_in_the_first_node() {
 /// shape and values, and each cache.
 #[test]
 fn a_stack_with_a_head_returns_the_models_logits() {
-    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let v = Variant::default();
-    let weights: Vec<Weights> = (0..2).map(|l| weights(&v, 1500 + 50 * l)).collect();
-    let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
-    let caps = [11, 6];
-    let cache: Vec<(Array, Array)> = (0..2).flat_map(|l| caches(&caps, 1600 + 10 * l)).collect();
-    let offsets = [10, 2, 10, 2];
-    let table = quantize(&normal(&[70, H], Dtype::F32, 0.0, 1.0, 1700), 32, 8).unwrap();
-    let norm = normal(&[H], Dtype::F32, 1.0, 0.2, 1701);
-    let stack = DecoderStack::new(&layers)
-        .unwrap()
-        .with_embedding(&table)
-        .unwrap()
-        .with_head(&norm, 1e-5, &table, ActivationPrecision::Exact)
-        .unwrap();
-    assert!(stack.has_head() && stack.has_embedding());
-    let ids = Array::from_slice(&[69u32, 5], &[2, 1]).unwrap();
-    let want = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, false);
-    let got = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, true);
-    assert_eq!((want.2, got.2), (0, 1));
-    assert_eq!(got.0.shape(), vec![2, 1, 70]);
-    assert_eq!(got.0.dtype(), Dtype::F32);
-    assert_close(&got, &want);
+    // CPU only: decoder_layer has a CPU body only.
+    on_cpu(|| {
+        let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let v = Variant::default();
+        let weights: Vec<Weights> = (0..2).map(|l| weights(&v, 1500 + 50 * l)).collect();
+        let layers: Vec<DecoderLayer> = weights.iter().map(|w| layer(&v, w)).collect();
+        let caps = [11, 6];
+        let cache: Vec<(Array, Array)> =
+            (0..2).flat_map(|l| caches(&caps, 1600 + 10 * l)).collect();
+        let offsets = [10, 2, 10, 2];
+        let table = quantize(&normal(&[70, H], Dtype::F32, 0.0, 1.0, 1700), 32, 8).unwrap();
+        let norm = normal(&[H], Dtype::F32, 1.0, 0.2, 1701);
+        let stack = DecoderStack::new(&layers)
+            .unwrap()
+            .with_embedding(&table)
+            .unwrap()
+            .with_head(&norm, 1e-5, &table, ActivationPrecision::Exact)
+            .unwrap();
+        assert!(stack.has_head() && stack.has_embedding());
+        let ids = Array::from_slice(&[69u32, 5], &[2, 1]).unwrap();
+        let want = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, false);
+        let got = run_stack(|c| stack.forward_tokens(&ids, c, &offsets), &cache, true);
+        assert_eq!((want.2, got.2), (0, 1));
+        assert_eq!(got.0.shape(), vec![2, 1, 70]);
+        assert_eq!(got.0.dtype(), Dtype::F32);
+        assert_close(&got, &want);
+    });
 }

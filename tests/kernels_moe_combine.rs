@@ -2,8 +2,8 @@
 
 mod kernels_common;
 
-use kernels_common::{bits, normal};
-use mlx_backend::kernels::{moe_combine, registry, Kernel};
+use kernels_common::{bits, cuda_moe_limit, normal, on_each_device, Tally};
+use mlx_backend::kernels::{moe_combine, Kernel};
 use mlx_backend::{bf16, f16, Array, Dtype, Element};
 
 const SHAPES: [&[i32]; 18] = [
@@ -98,69 +98,76 @@ fn max_ulps(got: &Array, want: &[f32]) -> i64 {
 
 #[test]
 fn matches_sequential_reference() {
-    let fused_before = registry::stats(Kernel::MoeCombine).fused;
-    let mut seed = 10;
-    let mut cases = 0;
-    for shape in SHAPES {
-        for y_dtype in [Dtype::F16, Dtype::BF16, Dtype::F32] {
-            for s_dtype in [Dtype::F16, Dtype::BF16, Dtype::F32] {
-                seed += 2;
-                let y = normal(shape, y_dtype, 0.0, 2.0, seed);
-                let s = normal(&shape[..shape.len() - 1], s_dtype, 0.0, 1.0, seed + 1);
-                let out = moe_combine(&y, &s).unwrap();
-                let mut want_shape = shape.to_vec();
-                want_shape.remove(shape.len() - 2);
-                assert_eq!(out.shape(), want_shape);
-                assert_eq!(out.dtype(), y_dtype);
-                let err = max_ulps(&out, &reference(&y, &s));
-                let allowed = if s_dtype == Dtype::F32 { 2 } else { 0 };
-                assert!(
-                    err <= allowed,
-                    "{shape:?} y {y_dtype} scores {s_dtype}: {err} ulps"
-                );
-                cases += 1;
+    on_each_device(|_dev| {
+        let mut tally = Tally::new(Kernel::MoeCombine);
+        let mut seed = 10;
+        for shape in SHAPES {
+            for y_dtype in [Dtype::F16, Dtype::BF16, Dtype::F32] {
+                for s_dtype in [Dtype::F16, Dtype::BF16, Dtype::F32] {
+                    seed += 2;
+                    let y = normal(shape, y_dtype, 0.0, 2.0, seed);
+                    let s = normal(&shape[..shape.len() - 1], s_dtype, 0.0, 1.0, seed + 1);
+                    let out = moe_combine(&y, &s).unwrap();
+                    tally.record(cuda_moe_limit(&y));
+                    let mut want_shape = shape.to_vec();
+                    want_shape.remove(shape.len() - 2);
+                    assert_eq!(out.shape(), want_shape);
+                    assert_eq!(out.dtype(), y_dtype);
+                    let err = max_ulps(&out, &reference(&y, &s));
+                    let allowed = if s_dtype == Dtype::F32 { 2 } else { 0 };
+                    assert!(
+                        err <= allowed,
+                        "{shape:?} y {y_dtype} scores {s_dtype}: {err} ulps"
+                    );
+                }
             }
         }
-    }
-    assert!(registry::stats(Kernel::MoeCombine).fused - fused_before >= cases);
+        tally.check();
+    });
 }
 
 #[test]
 fn views_are_made_dense() {
-    // Transposed scores and sliced y are made dense before the kernel.
-    let y = normal(&[6, 4, 512], Dtype::BF16, 0.0, 1.0, 900)
-        .slice(&[0, 0, 0], &[6, 4, 512], &[1, 1, 2])
-        .unwrap();
-    let s = normal(&[4, 6], Dtype::F32, 0.0, 1.0, 901)
-        .transpose(&[])
-        .unwrap();
-    let out = moe_combine(&y, &s).unwrap();
-    assert_eq!(max_ulps(&out, &reference(&y, &s)), 0);
+    on_each_device(|_dev| {
+        // Transposed scores and sliced y are made dense before the kernel.
+        let y = normal(&[6, 4, 512], Dtype::BF16, 0.0, 1.0, 900)
+            .slice(&[0, 0, 0], &[6, 4, 512], &[1, 1, 2])
+            .unwrap();
+        let s = normal(&[4, 6], Dtype::F32, 0.0, 1.0, 901)
+            .transpose(&[])
+            .unwrap();
+        let out = moe_combine(&y, &s).unwrap();
+        assert_eq!(max_ulps(&out, &reference(&y, &s)), 0);
+    });
 }
 
 #[test]
 fn vjp_equals_fallback_vjp() {
-    use mlx_backend::kernels::moe_combine::vjp;
-    let y = normal(&[3, 4, 64], Dtype::F32, 0.0, 1.0, 950);
-    let s = normal(&[3, 4], Dtype::F32, 0.0, 1.0, 951);
-    let ct = normal(&[3, 64], Dtype::F32, 0.0, 1.0, 952);
-    let fused = vjp(&y, &s, &ct, true).unwrap();
-    let fallback = vjp(&y, &s, &ct, false).unwrap();
-    assert_eq!(fused.len(), 2);
-    for (a, b) in fused.iter().zip(&fallback) {
-        assert_eq!(a.shape(), b.shape());
-        assert_eq!(bits(a), bits(b));
-    }
+    on_each_device(|_dev| {
+        use mlx_backend::kernels::moe_combine::vjp;
+        let y = normal(&[3, 4, 64], Dtype::F32, 0.0, 1.0, 950);
+        let s = normal(&[3, 4], Dtype::F32, 0.0, 1.0, 951);
+        let ct = normal(&[3, 64], Dtype::F32, 0.0, 1.0, 952);
+        let fused = vjp(&y, &s, &ct, true).unwrap();
+        let fallback = vjp(&y, &s, &ct, false).unwrap();
+        assert_eq!(fused.len(), 2);
+        for (a, b) in fused.iter().zip(&fallback) {
+            assert_eq!(a.shape(), b.shape());
+            assert_eq!(bits(a), bits(b));
+        }
+    });
 }
 
 #[test]
 fn contract_violations_are_op_errors() {
-    let y2 = normal(&[4, 64], Dtype::F32, 0.0, 1.0, 1);
-    let e = moe_combine(&y2, &normal(&[4], Dtype::F32, 0.0, 1.0, 2)).unwrap_err();
-    assert!(e.message.contains("rank"), "{e}");
-    let y = normal(&[2, 4, 64], Dtype::F32, 0.0, 1.0, 3);
-    let e = moe_combine(&y, &normal(&[2, 3], Dtype::F32, 0.0, 1.0, 4)).unwrap_err();
-    assert!(e.message.contains("scores must have shape"), "{e}");
-    let ints = Array::zeros(&[2, 4], Dtype::I32).unwrap();
-    assert!(moe_combine(&y, &ints).is_err());
+    on_each_device(|_dev| {
+        let y2 = normal(&[4, 64], Dtype::F32, 0.0, 1.0, 1);
+        let e = moe_combine(&y2, &normal(&[4], Dtype::F32, 0.0, 1.0, 2)).unwrap_err();
+        assert!(e.message.contains("rank"), "{e}");
+        let y = normal(&[2, 4, 64], Dtype::F32, 0.0, 1.0, 3);
+        let e = moe_combine(&y, &normal(&[2, 3], Dtype::F32, 0.0, 1.0, 4)).unwrap_err();
+        assert!(e.message.contains("scores must have shape"), "{e}");
+        let ints = Array::zeros(&[2, 4], Dtype::I32).unwrap();
+        assert!(moe_combine(&y, &ints).is_err());
+    });
 }

@@ -11,11 +11,12 @@
 //!
 //! Every op checks its contract (an [`OpError`] names what is wrong), then
 //! asks the [`registry`] whether to build the fused Primitive or the
-//! fallback; the decision and its reason are counted. On a GPU stream the
-//! fallback is used until the GPU kernels exist.
+//! fallback; the decision and its reason are counted per backend. Which
+//! kernel has a body on which backend is one table, [`has_body`].
 
 mod activation;
 pub mod attention;
+mod backend;
 mod cpu;
 pub mod decoder_layer;
 pub mod gate_qmv_silu_mul;
@@ -26,6 +27,7 @@ pub mod rms_norm;
 
 pub use activation::ActivationPrecision;
 pub use attention::attention;
+pub use backend::{has_body, Backend};
 pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};
 pub use gate_qmv_silu_mul::{
     gate_qmv_silu_mul, gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul,
@@ -37,27 +39,50 @@ pub use registry::{FallbackReason, Kernel, KernelStats, Snapshot};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 
 use crate::array::{eval, Array};
-use crate::device::current_spec;
 use crate::dtype::Dtype;
 use crate::error::{EvalError, OpError};
 use thiserror::Error;
 
-/// Whether ops are being built on a CPU stream.
-fn on_cpu() -> bool {
-    current_spec().device.device_type == 0
-}
-
-/// Decides fused or fallback, builds the op, and counts the decision once
-/// the build succeeded (an invalid call counts nothing).
+/// Decides fused or fallback on the current stream's backend (the
+/// kernel's `eligibility` for that backend, then the registry's table of
+/// bodies, switches and failures), builds the op, and counts the decision
+/// once the build succeeded (an invalid call counts nothing). The C++ op
+/// picks the body by the stream's device, as MLX's `fast.cpp` ops do.
 fn build<R>(
     kernel: Kernel,
-    eligibility: Result<(), FallbackReason>,
+    eligibility: impl FnOnce(Backend) -> Result<(), FallbackReason>,
     make: impl FnOnce(bool) -> Result<R, OpError>,
 ) -> Result<R, OpError> {
-    let decision = registry::decide(kernel, eligibility);
+    let backend = Backend::current();
+    let decision = registry::decide(kernel, backend, eligibility(backend));
     let out = make(decision.is_ok())?;
-    registry::count(kernel, decision);
+    registry::count(kernel, backend, decision);
     Ok(out)
+}
+
+/// The most rows of x the CUDA quantized bodies take (decode batches);
+/// more rows build MLX's quantized matmul, which uses the tensor cores.
+pub const CUDA_QMV_MAX_ROWS: usize = 8;
+
+/// The shapes the CUDA quantized bodies (`common/qmv.cuh`) cover: at most
+/// [`CUDA_QMV_MAX_ROWS`] rows of x, K a multiple of 32 (whole 16-byte
+/// weight reads), groups of 32, 64 or 128. Other backends: no limit here.
+fn quantized_shape_eligibility(
+    backend: Backend,
+    x: &Array,
+    group_size: i32,
+) -> Result<(), FallbackReason> {
+    if backend != Backend::Cuda {
+        return Ok(());
+    }
+    if !matches!(group_size, 32 | 64 | 128) {
+        return Err(FallbackReason::UnsupportedQuantization);
+    }
+    let k = x.shape().last().copied().unwrap_or(0);
+    if k <= 0 || k % 32 != 0 || x.size() / k as usize > CUDA_QMV_MAX_ROWS {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    Ok(())
 }
 
 /// Quantization parameters of a warmup spec.
@@ -226,17 +251,18 @@ pub fn warmup_for_model(dims: &ModelDims) -> Result<WarmupReport, WarmupError> {
     warmup_with(&specs)
 }
 
-/// Runs the given specs (those of enabled, not-failed kernels), surfacing
-/// the first failure.
+/// Runs the given specs on the current stream (those of kernels with a
+/// body there, switched on and not failed), surfacing the first failure.
 pub fn warmup_with(specs: &[WarmupSpec]) -> Result<WarmupReport, WarmupError> {
     let key = crate::ops::random::key(0x5eed).map_err(|source| WarmupError::Op {
         kernel: Kernel::RmsNorm,
         source,
     })?;
+    let backend = Backend::current();
     let mut report = WarmupReport::default();
     for spec in specs {
         let kernel = spec.kernel;
-        if !registry::is_enabled(kernel) || registry::has_failed(kernel) {
+        if !registry::is_fused_on(kernel, backend) {
             report.skipped += 1;
             continue;
         }
@@ -250,7 +276,15 @@ pub fn warmup_with(specs: &[WarmupSpec]) -> Result<WarmupReport, WarmupError> {
         }
         .map_err(|source| WarmupError::Op { kernel, source })?;
         let refs: Vec<&Array> = outputs.iter().collect();
-        eval(&refs).map_err(|source| WarmupError::Eval { kernel, source })?;
+        if let Err(source) = eval(&refs) {
+            // A CPU body records its own failure; a GPU body's failure (its
+            // module did not load, its launch failed) surfaces as MLX's
+            // evaluation error, remembered here so later builds fall back.
+            if backend != Backend::Cpu {
+                registry::record_failure(kernel, backend, source.message.clone());
+            }
+            return Err(WarmupError::Eval { kernel, source });
+        }
         report.ran += 1;
     }
     Ok(report)

@@ -1,18 +1,26 @@
-//! The one registry of custom kernels: per-kernel switches (environment and
-//! API), the fused-or-fallback decision with a typed reason, counters, and
-//! remembered failures.
+//! The one registry of custom kernels: switches (environment and API), the
+//! fused-or-fallback decision with a typed reason, counters, and remembered
+//! failures, each kept per (kernel, backend).
 //!
-//! A kernel whose CPU body fails is logged once, marked failed, and every
-//! later op build takes the fallback ([`FallbackReason::PreviouslyFailed`]);
-//! nothing is retried and no partial state is kept.
+//! A kernel body that fails is logged once, marked failed on its backend,
+//! and every later op build on that backend takes the fallback
+//! ([`FallbackReason::PreviouslyFailed`]); nothing is retried and no partial
+//! state is kept. The kernel's bodies on other backends are unaffected.
+//!
+//! The functions without a backend argument act on the backend of the
+//! stream ops are being built on now ([`Backend::current`]), except
+//! [`set_enabled`], which switches every backend.
 
+use super::backend::BACKENDS;
+pub use super::backend::{has_body, Backend};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// The environment variable holding per-kernel switches, read once:
-/// a comma list of kernel names, each optionally prefixed by `-` to turn it
-/// off, plus `all` / `-all`; e.g. `MLX_BACKEND_KERNELS=rms_norm,-moe_combine`.
+/// The environment variable holding the switches, read once: a comma list
+/// of kernel names, each optionally prefixed by `-` to turn it off and
+/// suffixed by `@backend` to switch one backend only, plus `all` / `-all`;
+/// e.g. `MLX_BACKEND_KERNELS=-all,rms_norm` or `-quantized_matmul@cuda`.
 pub const ENV_VAR: &str = "MLX_BACKEND_KERNELS";
 
 /// A custom kernel.
@@ -79,12 +87,15 @@ impl fmt::Display for Kernel {
     }
 }
 
+/// How many fallback reasons there are.
+const REASONS: usize = 7;
+
 /// Why an op build used MLX's fallback graph instead of the fused Primitive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FallbackReason {
     /// Switched off (environment or API).
     Disabled,
-    /// The stream's device has no kernel yet (GPU until CUDA/Metal land).
+    /// This build has no body of the kernel for the stream's backend.
     NoKernelForDevice,
     /// A dtype (or dtype combination) the kernel does not cover.
     UnsupportedDtype,
@@ -95,16 +106,20 @@ pub enum FallbackReason {
     UnsupportedMask,
     /// The kernel failed earlier in this process.
     PreviouslyFailed,
+    /// A shape the backend's body does not cover (e.g. more rows than a
+    /// GPU body written for decode takes: MLX's matmul serves prefill).
+    UnsupportedShape,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 6] = [
+    pub const ALL: [FallbackReason; REASONS] = [
         FallbackReason::Disabled,
         FallbackReason::NoKernelForDevice,
         FallbackReason::UnsupportedDtype,
         FallbackReason::UnsupportedQuantization,
         FallbackReason::UnsupportedMask,
         FallbackReason::PreviouslyFailed,
+        FallbackReason::UnsupportedShape,
     ];
 
     fn index(self) -> usize {
@@ -118,7 +133,7 @@ pub struct KernelStats {
     /// Op builds that used the fused Primitive.
     pub fused: u64,
     /// Op builds that used the fallback, indexed like [`FallbackReason::ALL`].
-    fallbacks: [u64; 6],
+    fallbacks: [u64; REASONS],
     pub enabled: bool,
     pub failed: bool,
 }
@@ -152,6 +167,7 @@ impl Snapshot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     pub kernel: Kernel,
+    pub backend: Backend,
     pub message: String,
 }
 
@@ -160,11 +176,12 @@ struct Slot {
     failed: AtomicBool,
     force_failure: AtomicBool,
     fused: AtomicU64,
-    fallbacks: [AtomicU64; 6],
+    fallbacks: [AtomicU64; REASONS],
 }
 
 struct Registry {
-    slots: [Slot; KERNELS],
+    /// Indexed by kernel, then backend.
+    slots: [[Slot; BACKENDS]; KERNELS],
     /// Bumped on every recorded failure, so an eval can tell one happened.
     failure_epoch: AtomicU64,
     last_failure: Mutex<Option<Failure>>,
@@ -175,61 +192,111 @@ fn registry() -> &'static Registry {
     REGISTRY.get_or_init(|| {
         let env = std::env::var(ENV_VAR).unwrap_or_default();
         let switches = parse_switches(&env);
-        let slot = |k: Kernel| Slot {
-            enabled: AtomicBool::new(switches[k.index()].unwrap_or(k.default_enabled())),
+        let slot = |k: Kernel, b: Backend| Slot {
+            enabled: AtomicBool::new(switches[k.index()][b.index()].unwrap_or(k.default_enabled())),
             failed: AtomicBool::new(false),
             force_failure: AtomicBool::new(false),
             fused: AtomicU64::new(0),
             fallbacks: Default::default(),
         };
         Registry {
-            slots: Kernel::ALL.map(slot),
+            slots: Kernel::ALL.map(|k| Backend::ALL.map(|b| slot(k, b))),
             failure_epoch: AtomicU64::new(0),
             last_failure: Mutex::new(None),
         }
     })
 }
 
+/// One kernel's switch per backend (`None`: its default).
+type Switches = [[Option<bool>; BACKENDS]; KERNELS];
+
 /// Applies `MLX_BACKEND_KERNELS` syntax; later entries win; unknown names
 /// are reported once on stderr and otherwise ignored.
-fn parse_switches(spec: &str) -> [Option<bool>; KERNELS] {
-    let mut out = [None; KERNELS];
+fn parse_switches(spec: &str) -> Switches {
+    let mut out = [[None; BACKENDS]; KERNELS];
     for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (on, name) = match item.strip_prefix('-') {
+        let (on, rest) = match item.strip_prefix('-') {
             Some(rest) => (false, rest),
             None => (true, item.strip_prefix('+').unwrap_or(item)),
         };
-        if name == "all" {
-            out = [Some(on); KERNELS];
+        let (name, backends): (&str, Vec<Backend>) = match rest.split_once('@') {
+            None => (rest, Backend::ALL.to_vec()),
+            Some((name, b)) => match Backend::from_name(b) {
+                Some(b) => (name, vec![b]),
+                None => {
+                    eprintln!("mlx-backend: {ENV_VAR}: unknown backend '{b}' in '{item}' ignored");
+                    continue;
+                }
+            },
+        };
+        let kernels: Vec<Kernel> = if name == "all" {
+            Kernel::ALL.to_vec()
         } else if let Some(k) = Kernel::from_name(name) {
-            out[k.index()] = Some(on);
+            vec![k]
         } else {
             eprintln!("mlx-backend: {ENV_VAR}: unknown kernel '{name}' ignored");
+            continue;
+        };
+        for k in kernels {
+            for &b in &backends {
+                out[k.index()][b.index()] = Some(on);
+            }
         }
     }
     out
 }
 
-fn slot(kernel: Kernel) -> &'static Slot {
-    &registry().slots[kernel.index()]
+fn slot(kernel: Kernel, backend: Backend) -> &'static Slot {
+    &registry().slots[kernel.index()][backend.index()]
 }
 
-/// Turns a kernel on or off for later op builds.
+/// Turns a kernel on or off for later op builds, on every backend.
 pub fn set_enabled(kernel: Kernel, enabled: bool) {
-    slot(kernel).enabled.store(enabled, Ordering::SeqCst);
+    for b in Backend::ALL {
+        set_enabled_on(kernel, b, enabled);
+    }
 }
 
+/// Turns a kernel on or off for later op builds on one backend.
+pub fn set_enabled_on(kernel: Kernel, backend: Backend, enabled: bool) {
+    slot(kernel, backend)
+        .enabled
+        .store(enabled, Ordering::SeqCst);
+}
+
+/// Whether the kernel is switched on for the current stream's backend.
 pub fn is_enabled(kernel: Kernel) -> bool {
-    slot(kernel).enabled.load(Ordering::SeqCst)
+    is_enabled_on(kernel, Backend::current())
 }
 
-/// Whether the kernel failed earlier in this process.
+pub fn is_enabled_on(kernel: Kernel, backend: Backend) -> bool {
+    slot(kernel, backend).enabled.load(Ordering::SeqCst)
+}
+
+/// Whether the kernel failed earlier in this process on the current
+/// stream's backend.
 pub fn has_failed(kernel: Kernel) -> bool {
-    slot(kernel).failed.load(Ordering::SeqCst)
+    has_failed_on(kernel, Backend::current())
 }
 
+pub fn has_failed_on(kernel: Kernel, backend: Backend) -> bool {
+    slot(kernel, backend).failed.load(Ordering::SeqCst)
+}
+
+/// Whether op builds on `backend` would use the kernel's body: it has one
+/// there, is switched on, and has not failed. (Each call's own inputs can
+/// still make it fall back.)
+pub fn is_fused_on(kernel: Kernel, backend: Backend) -> bool {
+    has_body(kernel, backend) && is_enabled_on(kernel, backend) && !has_failed_on(kernel, backend)
+}
+
+/// The kernel's counters on the current stream's backend.
 pub fn stats(kernel: Kernel) -> KernelStats {
-    let s = slot(kernel);
+    stats_on(kernel, Backend::current())
+}
+
+pub fn stats_on(kernel: Kernel, backend: Backend) -> KernelStats {
+    let s = slot(kernel, backend);
     KernelStats {
         fused: s.fused.load(Ordering::SeqCst),
         fallbacks: std::array::from_fn(|i| s.fallbacks[i].load(Ordering::SeqCst)),
@@ -238,9 +305,14 @@ pub fn stats(kernel: Kernel) -> KernelStats {
     }
 }
 
+/// Every kernel's counters on the current stream's backend.
 pub fn snapshot() -> Snapshot {
+    snapshot_on(Backend::current())
+}
+
+pub fn snapshot_on(backend: Backend) -> Snapshot {
     Snapshot {
-        kernels: Kernel::ALL.map(|k| (k, stats(k))).to_vec(),
+        kernels: Kernel::ALL.map(|k| (k, stats_on(k, backend))).to_vec(),
     }
 }
 
@@ -257,28 +329,40 @@ pub fn last_failure() -> Option<Failure> {
 /// returned an error.
 #[doc(hidden)]
 pub fn force_failure(kernel: Kernel, fail: bool) {
-    slot(kernel).force_failure.store(fail, Ordering::SeqCst);
+    slot(kernel, Backend::Cpu)
+        .force_failure
+        .store(fail, Ordering::SeqCst);
 }
 
-/// Test hook: forget a recorded failure so the kernel is used again.
+/// Test hook: forget a recorded failure (on every backend) so the kernel is
+/// used again.
 #[doc(hidden)]
 pub fn clear_failure(kernel: Kernel) {
-    slot(kernel).failed.store(false, Ordering::SeqCst);
+    for b in Backend::ALL {
+        slot(kernel, b).failed.store(false, Ordering::SeqCst);
+    }
 }
 
 pub(crate) fn take_forced_failure(kernel: Kernel) -> bool {
-    slot(kernel).force_failure.swap(false, Ordering::SeqCst)
+    slot(kernel, Backend::Cpu)
+        .force_failure
+        .swap(false, Ordering::SeqCst)
 }
 
-/// Decides fused or fallback for one op build. `eligibility` is the
-/// kernel's own verdict on the inputs; the registry adds the switches and
-/// the failure memory. The decision is counted by [`count`] once the op
-/// is built, so rejected (invalid) calls count nothing.
+/// Decides fused or fallback for one op build on `backend`. `eligibility`
+/// is the kernel's own verdict on the inputs for that backend; the registry
+/// adds the table of bodies, the switches and the failure memory. The
+/// decision is counted by [`count`] once the op is built, so rejected
+/// (invalid) calls count nothing.
 pub(crate) fn decide(
     kernel: Kernel,
+    backend: Backend,
     eligibility: Result<(), FallbackReason>,
 ) -> Result<(), FallbackReason> {
-    let s = slot(kernel);
+    if !has_body(kernel, backend) {
+        return Err(FallbackReason::NoKernelForDevice);
+    }
+    let s = slot(kernel, backend);
     if !s.enabled.load(Ordering::SeqCst) {
         return Err(FallbackReason::Disabled);
     }
@@ -288,26 +372,46 @@ pub(crate) fn decide(
     eligibility
 }
 
-pub(crate) fn count(kernel: Kernel, decision: Result<(), FallbackReason>) {
-    let s = slot(kernel);
+pub(crate) fn count(kernel: Kernel, backend: Backend, decision: Result<(), FallbackReason>) {
+    let s = slot(kernel, backend);
     match decision {
         Ok(()) => s.fused.fetch_add(1, Ordering::SeqCst),
         Err(r) => s.fallbacks[r.index()].fetch_add(1, Ordering::SeqCst),
     };
 }
 
-/// Records a failure of the kernel's CPU body (called on MLX's stream
-/// thread); logs the first failure of each kernel.
-pub(crate) fn record_failure(kernel: Kernel, message: String) {
+/// Records a failure of the kernel's body on `backend` (a CPU body's on
+/// MLX's stream thread, a GPU body's when its evaluation failed); logs the
+/// first failure of each (kernel, backend).
+pub(crate) fn record_failure(kernel: Kernel, backend: Backend, message: String) {
     let r = registry();
-    let first = !r.slots[kernel.index()].failed.swap(true, Ordering::SeqCst);
+    let first = !r.slots[kernel.index()][backend.index()]
+        .failed
+        .swap(true, Ordering::SeqCst);
     if first {
         eprintln!(
-            "mlx-backend: kernel {kernel} failed ({message}); using MLX's fallback from now on"
+            "mlx-backend: kernel {kernel} failed on {backend} ({message}); using MLX's fallback there from now on"
         );
     }
-    *r.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(Failure { kernel, message });
+    *r.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(Failure {
+        kernel,
+        backend,
+        message,
+    });
     r.failure_epoch.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The C++ side's report of a failed GPU body; `kernel` is the
+/// [`Kernel`]'s position in [`Kernel::ALL`] (as `mlx-kernels-cpp/bridge.h`
+/// numbers them).
+pub(crate) fn record_gpu_failure(kernel: i32, message: &str) {
+    let kernel = usize::try_from(kernel)
+        .ok()
+        .and_then(|i| Kernel::ALL.get(i).copied());
+    match kernel {
+        Some(k) => record_failure(k, Backend::gpu(), message.to_string()),
+        None => eprintln!("mlx-backend: a GPU body of unknown kernel {kernel:?} failed: {message}"),
+    }
 }
 
 pub(crate) fn failure_epoch() -> u64 {
@@ -318,27 +422,59 @@ pub(crate) fn failure_epoch() -> u64 {
 mod tests {
     use super::*;
 
+    /// The switches of `kernel` on every backend.
+    fn of(sw: &Switches, kernel: Kernel) -> [Option<bool>; BACKENDS] {
+        sw[kernel.index()]
+    }
+
     #[test]
     fn parses_switches() {
-        assert_eq!(parse_switches(""), [None; KERNELS]);
-        assert_eq!(
-            parse_switches("rms_norm, -moe_combine"),
-            [Some(true), Some(false), None, None, None, None]
+        assert_eq!(parse_switches(""), [[None; BACKENDS]; KERNELS]);
+        let sw = parse_switches("rms_norm, -moe_combine");
+        assert_eq!(of(&sw, Kernel::RmsNorm), [Some(true); BACKENDS]);
+        assert_eq!(of(&sw, Kernel::MoeCombine), [Some(false); BACKENDS]);
+        assert_eq!(of(&sw, Kernel::Attention), [None; BACKENDS]);
+        let sw = parse_switches("-all,gate_qmv_silu_mul,bogus");
+        for k in Kernel::ALL {
+            let on = k == Kernel::GateQmvSiluMul;
+            assert_eq!(of(&sw, k), [Some(on); BACKENDS], "{k}");
+        }
+        let sw = parse_switches("-quantized_matmul");
+        assert_eq!(of(&sw, Kernel::QuantizedMatmul), [Some(false); BACKENDS]);
+        assert_eq!(of(&sw, Kernel::RmsNorm), [None; BACKENDS]);
+    }
+
+    #[test]
+    fn parses_per_backend_switches() {
+        let (cpu, cuda, metal) = (
+            Backend::Cpu.index(),
+            Backend::Cuda.index(),
+            Backend::Metal.index(),
         );
-        assert_eq!(
-            parse_switches("-all,gate_qmv_silu_mul,bogus"),
-            [
-                Some(false),
-                Some(false),
-                Some(true),
-                Some(false),
-                Some(false),
-                Some(false)
-            ]
-        );
-        assert_eq!(
-            parse_switches("-quantized_matmul"),
-            [None, None, None, Some(false), None, None]
-        );
+        let sw = parse_switches("-quantized_matmul@cuda,rms_norm@metal");
+        let q = of(&sw, Kernel::QuantizedMatmul);
+        assert_eq!((q[cpu], q[cuda], q[metal]), (None, Some(false), None));
+        let r = of(&sw, Kernel::RmsNorm);
+        assert_eq!((r[cpu], r[cuda], r[metal]), (None, None, Some(true)));
+        // `all@backend`, then a later entry for one kernel wins.
+        let sw = parse_switches("-all@cpu,+attention@cpu,moe_combine@tpu");
+        for k in Kernel::ALL {
+            let v = of(&sw, k);
+            assert_eq!(v[cpu], Some(k == Kernel::Attention), "{k}");
+            assert_eq!((v[cuda], v[metal]), (None, None), "{k}");
+        }
+    }
+
+    #[test]
+    fn every_kernel_has_a_cpu_body_and_no_metal_body_off_macos() {
+        for k in Kernel::ALL {
+            assert!(has_body(k, Backend::Cpu), "{k}");
+            if !cfg!(target_os = "macos") {
+                assert!(!has_body(k, Backend::Metal), "{k}");
+            }
+            if !cfg!(feature = "cuda") {
+                assert!(!has_body(k, Backend::Cuda), "{k}");
+            }
+        }
     }
 }

@@ -305,8 +305,7 @@ impl Transformer {
         tokens: &Array,
         rows: &mut [&mut [LayerKvCache]],
     ) -> Result<Option<Array>, ForwardError> {
-        if !registry::is_enabled(Kernel::DecoderLayer) || registry::has_failed(Kernel::DecoderLayer)
-        {
+        if !registry::is_fused_on(Kernel::DecoderLayer, registry::Backend::current()) {
             return Ok(None);
         }
         let Some(stack) = self.decoder_stack()? else {

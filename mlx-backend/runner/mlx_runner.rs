@@ -410,16 +410,14 @@ impl MlxModelRunner {
     }
 }
 
-/// Kernels that run fused on this thread's device (none on a GPU stream
-/// until the GPU kernels land).
+/// Kernels whose body runs on this thread's backend (the table of bodies,
+/// the switches and the failures; a call's own inputs can still fall back).
 fn fused_kernels() -> Vec<String> {
-    use crate::kernels::{registry, Kernel};
-    if crate::Stream::current().device() != crate::Device::Cpu {
-        return Vec::new();
-    }
+    use crate::kernels::{registry, Backend, Kernel};
+    let backend = Backend::current();
     Kernel::ALL
         .into_iter()
-        .filter(|&k| registry::is_enabled(k) && !registry::has_failed(k))
+        .filter(|&k| registry::is_fused_on(k, backend))
         .map(|k| k.name().to_string())
         .collect()
 }

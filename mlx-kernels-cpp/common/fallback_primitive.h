@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_body.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
@@ -27,11 +28,19 @@ class FallbackPrimitive : public mlx::core::Primitive {
   FallbackPrimitive(mlx::core::Stream stream, Fallback fallback)
       : mlx::core::Primitive(stream), fallback_(std::move(fallback)) {}
 
-  // Never reached: a GPU stream is ineligible and builds the fallback graph.
+  // Runs the GPU body the op attached; the op builds the fallback graph on
+  // a GPU stream where the kernel has no body (the registry's table).
   void eval_gpu(
-      const std::vector<mlx::core::array>&,
-      std::vector<mlx::core::array>&) override {
-    throw std::runtime_error(std::string(name()) + " has no GPU kernel yet");
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override {
+    if (!gpu_body_) {
+      throw std::runtime_error(std::string(name()) + " has no GPU body in this build");
+    }
+    gpu_body_->run(stream(), inputs, outputs);
+  }
+
+  void set_gpu_body(std::shared_ptr<GpuBody> body) {
+    gpu_body_ = std::move(body);
   }
 
   std::vector<mlx::core::array> vjp(
@@ -51,6 +60,7 @@ class FallbackPrimitive : public mlx::core::Primitive {
 
  protected:
   Fallback fallback_;
+  std::shared_ptr<GpuBody> gpu_body_;
 };
 
 // Allocates an output buffer before a kernel writes it.

@@ -2,6 +2,9 @@
 
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#if defined(MLX_BACKEND_CUDA)
+#include "quantized_matmul/cuda.h"
+#endif
 
 namespace mx = mlx::core;
 
@@ -120,12 +123,13 @@ array gate_qmv_silu_mul_op(
   }
   auto shape = x.shape();
   shape.back() = n;
-  return array(
-      shape,
-      x.dtype(),
-      std::make_shared<GateQmvSiluMulPrimitive>(
-          s, fallback, group_size, bits, activations, false),
-      inputs);
+  auto primitive =
+      std::make_shared<GateQmvSiluMulPrimitive>(s, fallback, group_size, bits, activations, false);
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
+        "gate_qmv_silu_mul", gate_qmv_silu_mul_cuda(group_size, bits), nullptr));
+  }
+  return array(shape, x.dtype(), primitive, inputs);
 }
 
 array gather_gate_qmv_silu_mul_op(

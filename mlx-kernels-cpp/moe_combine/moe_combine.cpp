@@ -1,6 +1,9 @@
 #include "moe_combine/moe_combine.h"
 
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#if defined(MLX_BACKEND_CUDA)
+#include "moe_combine/cuda.h"
+#endif
 
 namespace mx = mlx::core;
 
@@ -82,10 +85,14 @@ array moe_combine_op(const array& y, const array& scores, bool fused, mx::Stream
   if (!fused) {
     return fallback({y, scores})[0];
   }
+  auto primitive = std::make_shared<MoeCombinePrimitive>(s, std::move(fallback));
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("moe_combine", moe_combine_cuda(), nullptr));
+    return array(
+        combined_shape(y), y.dtype(), primitive, {dense_input(y, s), dense_input(scores, s)});
+  }
   // Views are made dense inside eval_cpu (DenseInput): one graph node.
-  return array(
-      combined_shape(y), y.dtype(), std::make_shared<MoeCombinePrimitive>(s, std::move(fallback)),
-      {y, scores});
+  return array(combined_shape(y), y.dtype(), primitive, {y, scores});
 }
 
 ArrayPtr kernel_moe_combine(const array& y, const array& scores, bool fused, StreamSpec s) {

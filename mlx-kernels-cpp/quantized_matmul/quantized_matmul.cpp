@@ -2,6 +2,9 @@
 
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#if defined(MLX_BACKEND_CUDA)
+#include "quantized_matmul/cuda.h"
+#endif
 
 namespace mx = mlx::core;
 
@@ -72,11 +75,13 @@ array quantized_matmul_op(
   auto shape = x.shape();
   shape.back() = n;
   // As MLX: the result type promotes x with the scales (f32 x, f16 scales → f32).
-  return array(
-      shape,
-      mx::promote_types(x.dtype(), w[1].dtype()),
-      std::make_shared<QuantizedMatmulPrimitive>(s, fallback, group_size, bits, activations),
-      inputs);
+  auto primitive =
+      std::make_shared<QuantizedMatmulPrimitive>(s, fallback, group_size, bits, activations);
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
+        "quantized_matmul", quantized_matmul_cuda(group_size, bits), nullptr));
+  }
+  return array(shape, mx::promote_types(x.dtype(), w[1].dtype()), primitive, inputs);
 }
 
 ArrayPtr kernel_quantized_matmul(

@@ -1,6 +1,9 @@
 #include "rms_norm/rms_norm.h"
 
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#if defined(MLX_BACKEND_CUDA)
+#include "rms_norm/cuda.h"
+#endif
 
 namespace mx = mlx::core;
 
@@ -108,11 +111,14 @@ array rms_norm_op(const array& x, const array& w, float eps, bool fused, mx::Str
   if (!fused) {
     return fallback({x, w})[0];
   }
+  auto primitive = std::make_shared<RmsNormPrimitive>(s, std::move(fallback), eps);
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("rms_norm", rms_norm_cuda(eps), nullptr));
+    return array(x.shape(), x.dtype(), primitive, {dense_input(x, s), dense_input(w, s)});
+  }
   // Views are made dense inside eval_cpu (DenseInput), so the graph holds
   // one node, not one per input plus the kernel.
-  return array(
-      x.shape(), x.dtype(), std::make_shared<RmsNormPrimitive>(s, std::move(fallback), eps),
-      {x, w});
+  return array(x.shape(), x.dtype(), primitive, {x, w});
 }
 
 std::vector<array> rms_norm_residual_op(
@@ -133,11 +139,16 @@ std::vector<array> rms_norm_residual_op(
   if (!fused) {
     return fallback({x, residual, w});
   }
-  return array::make_arrays(
-      {x.shape(), x.shape()},
-      {x.dtype(), x.dtype()},
-      std::make_shared<RmsNormResidualPrimitive>(s, std::move(fallback), eps),
-      {x, residual, w});
+  auto primitive = std::make_shared<RmsNormResidualPrimitive>(s, std::move(fallback), eps);
+  std::vector<array> inputs{x, residual, w};
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(
+        MLX_BACKEND_GPU_BODY("rms_norm_residual", rms_norm_residual_cuda(eps), nullptr));
+    for (auto& in : inputs) {
+      in = dense_input(in, s);
+    }
+  }
+  return array::make_arrays({x.shape(), x.shape()}, {x.dtype(), x.dtype()}, primitive, inputs);
 }
 
 ArrayPtr kernel_rms_norm(const array& x, const array& w, float eps, bool fused, StreamSpec s) {

@@ -10,7 +10,8 @@
 #                        python3 has the CUDA 13 libraries) and the default
 #                        model. Changes only with MLX or the model: reused
 #                        when its inputs are unchanged.
-#   app.tar.xz.part-*    the stripped test binaries and examples, and scripts/gpu.
+#   app.tar.xz.part-*    the stripped test binaries, examples and GPU kernel bench,
+#                        and scripts/gpu.
 # Paths inside are absolute (the binaries' RUNPATH points into the cache), so
 # the device extracts them at /.
 #
@@ -43,6 +44,19 @@ for line in sys.stdin:
         print(m["executable"])
 ' | sort -u
 )
+BENCH="$(
+  cargo bench --features cuda --no-run --bench gpu_kernels --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
+        print(m["executable"])
+'
+)"
 [[ -d "$LAYOUT/mlx/lib" ]] || { echo "pack: no CUDA layout at $LAYOUT (the build should have made it)" >&2; exit 1; }
 
 mkdir -p "$OUTDIR"
@@ -68,6 +82,8 @@ for t in "${TESTS[@]}"; do
   if [[ -n "${GPU_TESTS:-}" ]] && ! grep -qw "${name%-*}" <<<"$GPU_TESTS"; then continue; fi
   strip -o "$APP/deps/$name" "$t"
 done
+mkdir -p "$APP/benches"
+[[ -n "$BENCH" ]] && strip -o "$APP/benches/gpu_kernels" "$BENCH"
 for e in generate bench_one_batch; do
   strip -o "$APP/examples/$e" "$CARGO_TARGET_DIR/release/examples/$e"
 done

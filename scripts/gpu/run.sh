@@ -8,7 +8,10 @@
 # tests     every packed test binary with MLX's default device the GPU
 # generate  the generate example on the GPU (the known greedy answer)
 # bench     bench_one_batch --no-peers on the GPU
+# kernels   the GPU kernel bench (benches/gpu_kernels.rs)
 # Reports and logs go to $OUT (the device tool returns it), else ./gpu-report.
+# Env: GPU_TESTS         only these test binaries (names without hash)
+#      GPU_TEST_TIMEOUT  seconds one test binary may take (default 150)
 set -uo pipefail
 WHAT="${1:-all}"
 shift || true
@@ -54,16 +57,20 @@ if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   echo "| --- | --- | --- |" >>"$REPORT"
   for t in "$APP"/deps/*; do
     name="$(basename "$t")"
+    if [[ -n "${GPU_TESTS:-}" ]] && ! grep -qw "${name%-*}" <<<"$GPU_TESTS"; then continue; fi
     start=$SECONDS
-    "$t" --test-threads=1 >"$REPORT_DIR/$name.log" 2>&1
+    # One slow binary must not take the whole call: GPU_TEST_TIMEOUT each.
+    timeout "${GPU_TEST_TIMEOUT:-150}" "$t" --test-threads=1 >"$REPORT_DIR/$name.log" 2>&1
     rc=$?
     line="$(grep -E '^test result:' "$REPORT_DIR/$name.log" | tail -1)"
     [[ $rc -ne 0 ]] && status=1
     echo "| ${name%-*} | rc=$rc ${line#test result: } | $((SECONDS - start)) |" >>"$REPORT"
   done
-  # Keep only the logs of failed binaries, in one file (the tool returns few files).
-  grep -l -E "FAILED|panicked|error" "$REPORT_DIR"/*.log 2>/dev/null | while read -r f; do
-    echo "=== $(basename "$f")"; grep -E "^test .* FAILED|panicked|^failures:|assert" "$f" | head -40
+  # The logs of failed binaries, in one file (the tool returns few files).
+  grep -L -E "^test result: ok" "$REPORT_DIR"/*.log 2>/dev/null | while read -r f; do
+    echo "=== $(basename "$f")"
+    grep -E -A3 "^test .* FAILED|panicked at|^error" "$f" | head -60
+    tail -n 5 "$f"
   done >"$REPORT_DIR/failures.txt"
   rm -f "$REPORT_DIR"/*.log
 fi
@@ -80,6 +87,11 @@ if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
   echo '```' >>"$REPORT"
   "$APP/examples/bench_one_batch" --no-peers --prefill 32,512 --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>&1 || status=1
   echo '```' >>"$REPORT"
+fi
+if [[ "$WHAT" == all || "$WHAT" == kernels ]]; then
+  echo >>"$REPORT"
+  echo '## GPU kernels against MLX built-ins (benches/gpu_kernels.rs)' >>"$REPORT"
+  "$APP/benches/gpu_kernels" >>"$REPORT" 2>&1 || status=1
 fi
 cat "$REPORT"
 exit $status

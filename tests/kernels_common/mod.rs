@@ -1,8 +1,175 @@
 //! Helpers shared by the kernels_* integration tests.
 #![allow(dead_code)]
 
+use mlx_backend::kernels::{has_body, registry, Backend, FallbackReason, Kernel, KernelStats};
 use mlx_backend::ops::{quantize, random, Quantized};
-use mlx_backend::{Array, Dtype};
+use mlx_backend::{Array, Device, Dtype};
+use std::io::Write;
+use std::sync::Once;
+
+/// The devices this MLX build runs on: the CPU, and the GPU when there is one.
+pub fn devices() -> Vec<Device> {
+    std::iter::once(Device::Cpu).chain(Device::gpu()).collect()
+}
+
+/// Runs `f` once per device of [`devices`], every op it builds placed on
+/// that device's default stream (so the kernel bodies of that device's
+/// backend, and the reference ops, run there). Silent on success; a
+/// failing case names its device. Without a GPU, notes once per test
+/// binary that the GPU cases were skipped.
+pub fn on_each_device(f: impl Fn(Device)) {
+    static NO_GPU: Once = Once::new();
+    let devices = devices();
+    if !devices.iter().any(|d| matches!(d, Device::Gpu(_))) {
+        NO_GPU.call_once(|| {
+            // Past the test harness's capture, so it shows on passing runs too.
+            let _ = writeln!(
+                std::io::stderr(),
+                "no GPU in this MLX build: GPU cases skipped"
+            );
+        });
+    }
+    for device in devices {
+        let _note = NameDeviceOnPanic(device);
+        device.default_stream().unwrap().scope(|| f(device));
+    }
+}
+
+struct NameDeviceOnPanic(Device);
+
+impl Drop for NameDeviceOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("(the failing case ran on {})", self.0);
+        }
+    }
+}
+
+/// Runs `f` with every op it builds on the CPU stream (tests of CPU-body
+/// mechanics).
+pub fn on_cpu<R>(f: impl FnOnce() -> R) -> R {
+    Device::Cpu.default_stream().unwrap().scope(f)
+}
+
+/// Whether `kernel` has a body on the current stream's backend (else its
+/// builds count [`FallbackReason::NoKernelForDevice`]).
+pub fn fused_expected(kernel: Kernel) -> bool {
+    has_body(kernel, Backend::current())
+}
+
+/// How the current backend counts one build of `kernel` on inputs the CPU
+/// body takes: fused (`Ok`), or why it falls back. `limit` is that
+/// backend's body's own verdict on the inputs: `Ok(())` where it covers
+/// what the CPU body does, else e.g. [`cuda_qmv_limit`].
+pub fn expected_outcome(
+    kernel: Kernel,
+    limit: Result<(), FallbackReason>,
+) -> Result<(), FallbackReason> {
+    if fused_expected(kernel) {
+        limit
+    } else {
+        Err(FallbackReason::NoKernelForDevice)
+    }
+}
+
+/// The most rows of x the CUDA quantized bodies take.
+pub const CUDA_QMV_MAX_ROWS: usize = 8;
+
+/// The CUDA quantized bodies' limits (quantized_matmul and the dense
+/// gate_qmv_silu_mul): groups of 32, 64 or 128; K a multiple of 32 and at
+/// most [`CUDA_QMV_MAX_ROWS`] rows of x. `Ok(())` on other backends.
+pub fn cuda_qmv_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> {
+    if Backend::current() != Backend::Cuda {
+        return Ok(());
+    }
+    if !matches!(group_size, 32 | 64 | 128) {
+        return Err(FallbackReason::UnsupportedQuantization);
+    }
+    let k = *x.shape().last().unwrap();
+    if k <= 0 || k % 32 != 0 || x.size() / k as usize > CUDA_QMV_MAX_ROWS {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    Ok(())
+}
+
+/// The CUDA moe_combine body's limit: at most 64 experts per token (y
+/// `[..., top_k, hidden]`). `Ok(())` on other backends.
+pub fn cuda_moe_limit(y: &Array) -> Result<(), FallbackReason> {
+    let shape = y.shape();
+    if Backend::current() == Backend::Cuda && shape[shape.len() - 2] > 64 {
+        Err(FallbackReason::UnsupportedShape)
+    } else {
+        Ok(())
+    }
+}
+
+/// The op builds of one kernel a test made, each as the current backend
+/// counts it ([`expected_outcome`]); [`Tally::check`] asserts the
+/// registry's counters grew by at least that much (the tests of a binary
+/// share the registry and run in parallel). On the CPU every kernel has a
+/// body, so it asserts `fused` grew by the number of builds.
+pub struct Tally {
+    kernel: Kernel,
+    before: KernelStats,
+    outcomes: Vec<Result<(), FallbackReason>>,
+}
+
+impl Tally {
+    pub fn new(kernel: Kernel) -> Tally {
+        Tally {
+            kernel,
+            before: registry::stats(kernel),
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// One build on inputs the CPU body takes; `limit` as in [`expected_outcome`].
+    pub fn record(&mut self, limit: Result<(), FallbackReason>) {
+        self.outcomes.push(expected_outcome(self.kernel, limit));
+    }
+
+    /// How many builds were recorded.
+    pub fn builds(&self) -> usize {
+        self.outcomes.len()
+    }
+
+    pub fn check(&self) {
+        let (kernel, backend) = (self.kernel, Backend::current());
+        let after = registry::stats(kernel);
+        let fused = self.outcomes.iter().filter(|o| o.is_ok()).count() as u64;
+        assert!(
+            after.fused - self.before.fused >= fused,
+            "{kernel} on {backend}: {} of {fused} expected builds fused",
+            after.fused - self.before.fused
+        );
+        for reason in FallbackReason::ALL {
+            let n = self.outcomes.iter().filter(|&&o| o == Err(reason)).count() as u64;
+            let grew = after.fallbacks(reason) - self.before.fallbacks(reason);
+            assert!(
+                grew >= n,
+                "{kernel} on {backend}: {grew} of {n} expected builds fell back for {reason:?}"
+            );
+        }
+    }
+}
+
+/// Asserts that one build of `kernel` since `before` fell back for
+/// `reason` (the counter grew by exactly one), or, on a backend without
+/// the kernel's body, for [`FallbackReason::NoKernelForDevice`] (by at least
+/// one: the binary's other tests of the kernel count there too).
+pub fn assert_fallback_counted(kernel: Kernel, before: &KernelStats, reason: FallbackReason) {
+    let after = registry::stats(kernel);
+    if fused_expected(kernel) {
+        assert_eq!(after.fallbacks(reason), before.fallbacks(reason) + 1);
+    } else {
+        let no_body = FallbackReason::NoKernelForDevice;
+        assert!(
+            after.fallbacks(no_body) > before.fallbacks(no_body),
+            "{kernel} on {}: not counted as {no_body:?}",
+            Backend::current()
+        );
+    }
+}
 
 /// Fresh normal(loc, scale) data in `dtype` from an explicit seed.
 pub fn normal(shape: &[i32], dtype: Dtype, loc: f32, scale: f32, seed: u64) -> Array {

@@ -16,7 +16,7 @@
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, WarmupSpec};
+use super::{build, Backend, WarmupSpec};
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -27,14 +27,12 @@ use crate::ops::{scaled_dot_product_attention, stream, AttentionMask};
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
 fn eligibility(
+    _backend: Backend,
     q: &Array,
     k: &Array,
     v: &Array,
     mask: &AttentionMask<'_>,
 ) -> Result<(), FallbackReason> {
-    if !on_cpu() {
-        return Err(FallbackReason::NoKernelForDevice);
-    }
     if [q, k, v].iter().any(|a| a.dtype() != Dtype::F32) {
         return Err(FallbackReason::UnsupportedDtype);
     }
@@ -57,24 +55,30 @@ pub fn attention(
     scale: f32,
     mask: AttentionMask<'_>,
 ) -> Result<Array, OpError> {
-    build(Kernel::Attention, eligibility(q, k, v, &mask), |fused| {
-        let causal = match mask {
-            AttentionMask::None => false,
-            AttentionMask::Causal => true,
-            AttentionMask::Array(_) => return scaled_dot_product_attention(q, k, v, scale, mask),
-        };
-        ffi::kernel_attention(
-            q.inner(),
-            k.inner(),
-            v.inner(),
-            scale,
-            causal,
-            fused,
-            stream(),
-        )
-        .map(Array::from_raw)
-        .map_err(OpError::from_cxx("attention"))
-    })
+    build(
+        Kernel::Attention,
+        |b| eligibility(b, q, k, v, &mask),
+        |fused| {
+            let causal = match mask {
+                AttentionMask::None => false,
+                AttentionMask::Causal => true,
+                AttentionMask::Array(_) => {
+                    return scaled_dot_product_attention(q, k, v, scale, mask)
+                }
+            };
+            ffi::kernel_attention(
+                q.inner(),
+                k.inner(),
+                v.inner(),
+                scale,
+                causal,
+                fused,
+                stream(),
+            )
+            .map(Array::from_raw)
+            .map_err(OpError::from_cxx("attention"))
+        },
+    )
 }
 
 /// Warmup inputs per `(Hq, Hkv, D)`: a decode step (1 query over 128 keys)

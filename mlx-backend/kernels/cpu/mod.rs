@@ -60,7 +60,7 @@ pub(crate) fn switched_off(name: &str) -> bool {
 }
 
 use crate::dtype::Dtype;
-use crate::kernels::registry::{self, Kernel};
+use crate::kernels::registry::{self, Backend, Kernel};
 
 /// Reinterprets MLX's bytes as `T`; MLX buffers hold whole, aligned elements.
 pub(crate) fn typed<T>(bytes: &[u8]) -> Result<&[T], KernelError> {
@@ -186,13 +186,13 @@ pub(crate) fn try_for_chunks<T: Send, B>(
 /// FFI boundary; it is recorded in the registry and reported as `false`.
 pub(crate) fn run_entry(kernel: Kernel, body: impl FnOnce() -> Result<(), KernelError>) -> bool {
     if registry::take_forced_failure(kernel) {
-        registry::record_failure(kernel, "forced failure (test hook)".into());
+        registry::record_failure(kernel, Backend::Cpu, "forced failure (test hook)".into());
         return false;
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            registry::record_failure(kernel, e.to_string());
+            registry::record_failure(kernel, Backend::Cpu, e.to_string());
             false
         }
         Err(panic) => {
@@ -201,7 +201,7 @@ pub(crate) fn run_entry(kernel: Kernel, body: impl FnOnce() -> Result<(), Kernel
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            registry::record_failure(kernel, format!("panicked: {msg}"));
+            registry::record_failure(kernel, Backend::Cpu, format!("panicked: {msg}"));
             false
         }
     }

@@ -33,7 +33,7 @@ pub use cpu::cache_copies;
 
 use super::registry::{self, FallbackReason, Kernel};
 use super::ActivationPrecision;
-use super::{build, on_cpu, QuantSpec, WarmupSpec};
+use super::{build, has_body, Backend, QuantSpec, WarmupSpec};
 use crate::array::{list, unlist, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -119,7 +119,7 @@ pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackR
 
 /// The stream and x's side of [`eligibility`].
 fn activation_eligibility(x_dtype: Dtype) -> Result<(), FallbackReason> {
-    if !on_cpu() {
+    if !has_body(Kernel::DecoderLayer, Backend::current()) {
         return Err(FallbackReason::NoKernelForDevice);
     }
     if x_dtype != Dtype::F32 {
@@ -483,7 +483,7 @@ impl DecoderStack {
                 .ok_or(FallbackReason::UnsupportedDtype)
         });
         let in_place = self.in_place
-            && registry::decide(Kernel::DecoderLayer, eligibility).is_ok()
+            && registry::decide(Kernel::DecoderLayer, Backend::current(), eligibility).is_ok()
             && Self::caches_writable_in_place(caches);
         // Consecutive blocks share a node while it has at most
         // MAX_NODE_CACHES caches as outputs: MLX gives every output of a
@@ -504,35 +504,39 @@ impl DecoderStack {
                 .iter()
                 .flat_map(|(k, v)| [*k, *v])
                 .collect();
-            let (out, rows) = build(Kernel::DecoderLayer, eligibility, |fused| {
-                let out = ffi::kernel_decoder_stack(
-                    h.inner(),
-                    tokens && first == 0,
-                    &self.inner,
-                    first,
-                    count,
-                    &list(&cache_list),
-                    &offsets[calls.clone()],
-                    fused,
-                    fused && in_place,
-                    stream(),
-                )
-                .map_err(OpError::from_cxx("decoder_layer"))?;
-                let mut arrays = unlist(&out).into_iter();
-                let out = arrays.next().expect("the op returns out first");
-                let mut rows = Vec::with_capacity(count * batch);
-                if fused && in_place {
-                    rows.extend(
-                        caches[calls]
-                            .iter()
-                            .map(|(k, v)| ((*k).clone(), (*v).clone())),
-                    );
-                }
-                while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
-                    rows.push((k, v));
-                }
-                Ok((out, rows))
-            })?;
+            let (out, rows) = build(
+                Kernel::DecoderLayer,
+                |_| eligibility,
+                |fused| {
+                    let out = ffi::kernel_decoder_stack(
+                        h.inner(),
+                        tokens && first == 0,
+                        &self.inner,
+                        first,
+                        count,
+                        &list(&cache_list),
+                        &offsets[calls.clone()],
+                        fused,
+                        fused && in_place,
+                        stream(),
+                    )
+                    .map_err(OpError::from_cxx("decoder_layer"))?;
+                    let mut arrays = unlist(&out).into_iter();
+                    let out = arrays.next().expect("the op returns out first");
+                    let mut rows = Vec::with_capacity(count * batch);
+                    if fused && in_place {
+                        rows.extend(
+                            caches[calls]
+                                .iter()
+                                .map(|(k, v)| ((*k).clone(), (*v).clone())),
+                        );
+                    }
+                    while let (Some(k), Some(v)) = (arrays.next(), arrays.next()) {
+                        rows.push((k, v));
+                    }
+                    Ok((out, rows))
+                },
+            )?;
             h = out;
             updated.extend(rows);
         }

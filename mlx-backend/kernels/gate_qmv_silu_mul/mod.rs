@@ -23,7 +23,9 @@
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, ActivationPrecision, QuantSpec, WarmupSpec};
+use super::{
+    build, quantized_shape_eligibility, ActivationPrecision, Backend, QuantSpec, WarmupSpec,
+};
 use crate::array::{list, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -33,10 +35,12 @@ use crate::ops::{stream, Quantized};
 /// On by default: see README.md, "Kernels", for the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
-fn eligibility(x: &Array, gate: &Quantized, up: &Quantized) -> Result<(), FallbackReason> {
-    if !on_cpu() {
-        return Err(FallbackReason::NoKernelForDevice);
-    }
+fn eligibility(
+    backend: Backend,
+    x: &Array,
+    gate: &Quantized,
+    up: &Quantized,
+) -> Result<(), FallbackReason> {
     let (dt, pt) = (x.dtype(), gate.scales.dtype());
     let float = |t: Dtype| matches!(t, Dtype::F32 | Dtype::F16 | Dtype::BF16);
     let params = [&gate.scales, &gate.biases, &up.scales, &up.biases];
@@ -50,7 +54,20 @@ fn eligibility(x: &Array, gate: &Quantized, up: &Quantized) -> Result<(), Fallba
     if !matches!(gate.bits, 4 | 8) {
         return Err(FallbackReason::UnsupportedQuantization);
     }
-    Ok(())
+    quantized_shape_eligibility(backend, x, gate.group_size)
+}
+
+/// The expert-indexed form has a CPU body only.
+fn gather_eligibility(
+    backend: Backend,
+    x: &Array,
+    gate: &Quantized,
+    up: &Quantized,
+) -> Result<(), FallbackReason> {
+    if backend != Backend::Cpu {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    eligibility(backend, x, gate, up)
 }
 
 fn check_shared_params(gate: &Quantized, up: &Quantized) -> Result<(), OpError> {
@@ -83,20 +100,24 @@ pub fn gate_qmv_silu_mul_with(
     activations: ActivationPrecision,
 ) -> Result<Array, OpError> {
     check_shared_params(gate, up)?;
-    build(Kernel::GateQmvSiluMul, eligibility(x, gate, up), |fused| {
-        ffi::kernel_gate_qmv_silu_mul(
-            x.inner(),
-            &parts(gate),
-            &parts(up),
-            gate.group_size,
-            gate.bits,
-            activations.code(),
-            fused,
-            stream(),
-        )
-        .map(Array::from_raw)
-        .map_err(OpError::from_cxx("gate_qmv_silu_mul"))
-    })
+    build(
+        Kernel::GateQmvSiluMul,
+        |b| eligibility(b, x, gate, up),
+        |fused| {
+            ffi::kernel_gate_qmv_silu_mul(
+                x.inner(),
+                &parts(gate),
+                &parts(up),
+                gate.group_size,
+                gate.bits,
+                activations.code(),
+                fused,
+                stream(),
+            )
+            .map(Array::from_raw)
+            .map_err(OpError::from_cxx("gate_qmv_silu_mul"))
+        },
+    )
 }
 
 /// Expert-indexed form: row `[..., j]` of the output uses expert
@@ -120,21 +141,25 @@ pub fn gather_gate_qmv_silu_mul_with(
     activations: ActivationPrecision,
 ) -> Result<Array, OpError> {
     check_shared_params(gate, up)?;
-    build(Kernel::GateQmvSiluMul, eligibility(x, gate, up), |fused| {
-        ffi::kernel_gather_gate_qmv_silu_mul(
-            x.inner(),
-            indices.inner(),
-            &parts(gate),
-            &parts(up),
-            gate.group_size,
-            gate.bits,
-            activations.code(),
-            fused,
-            stream(),
-        )
-        .map(Array::from_raw)
-        .map_err(OpError::from_cxx("gather_gate_qmv_silu_mul"))
-    })
+    build(
+        Kernel::GateQmvSiluMul,
+        |b| gather_eligibility(b, x, gate, up),
+        |fused| {
+            ffi::kernel_gather_gate_qmv_silu_mul(
+                x.inner(),
+                indices.inner(),
+                &parts(gate),
+                &parts(up),
+                gate.group_size,
+                gate.bits,
+                activations.code(),
+                fused,
+                stream(),
+            )
+            .map(Array::from_raw)
+            .map_err(OpError::from_cxx("gather_gate_qmv_silu_mul"))
+        },
+    )
 }
 
 /// Warmup inputs: decode-shaped dense projections `K → N` (and the expert

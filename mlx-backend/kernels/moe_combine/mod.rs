@@ -6,14 +6,14 @@
 //! back) and `scores.shape == y.shape[:-1]`. y and scores are f16, bf16 or
 //! f32, independently. The output has y's dtype and shape `[..., hidden]`.
 //!
-//! Eligibility for the CPU kernel: a CPU stream (every valid dtype pair is
-//! covered). The fallback is `sum(f32(y) · f32(scores)[..., None], -2)`
-//! cast to y's dtype.
+//! Bodies: CPU (Rust) and CUDA. Every valid dtype pair is covered; the CUDA
+//! body takes up to 64 experts per token (more build the fallback). The
+//! fallback is `sum(f32(y) · f32(scores)[..., None], -2)` cast to y's dtype.
 
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, WarmupSpec};
+use super::{build, Backend, WarmupSpec};
 use crate::array::{unlist, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -23,20 +23,31 @@ use crate::ops::stream;
 /// On by default: see README.md, "Kernels", for the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
-fn eligibility() -> Result<(), FallbackReason> {
-    if !on_cpu() {
-        return Err(FallbackReason::NoKernelForDevice);
+/// The CUDA body keeps each row's top-k weights in shared memory.
+const CUDA_MAX_TOP_K: i32 = 64;
+
+/// Every valid dtype pair is covered on every backend; the CUDA body takes
+/// up to [`CUDA_MAX_TOP_K`] experts per token.
+fn eligibility(backend: Backend, y: &Array) -> Result<(), FallbackReason> {
+    let shape = y.shape();
+    let top_k = shape.len().checked_sub(2).map_or(0, |i| shape[i]);
+    if backend == Backend::Cuda && top_k > CUDA_MAX_TOP_K {
+        return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())
 }
 
 /// Combines expert outputs `y [..., top_k, hidden]` with `scores [..., top_k]`.
 pub fn moe_combine(y: &Array, scores: &Array) -> Result<Array, OpError> {
-    build(Kernel::MoeCombine, eligibility(), |fused| {
-        ffi::kernel_moe_combine(y.inner(), scores.inner(), fused, stream())
-            .map(Array::from_raw)
-            .map_err(OpError::from_cxx("moe_combine"))
-    })
+    build(
+        Kernel::MoeCombine,
+        |b| eligibility(b, y),
+        |fused| {
+            ffi::kernel_moe_combine(y.inner(), scores.inner(), fused, stream())
+                .map(Array::from_raw)
+                .map_err(OpError::from_cxx("moe_combine"))
+        },
+    )
 }
 
 /// Warmup inputs: one decode and one prefill token count at each hidden size.

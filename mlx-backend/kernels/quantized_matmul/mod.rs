@@ -19,7 +19,9 @@
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, ActivationPrecision, QuantSpec, WarmupSpec};
+use super::{
+    build, quantized_shape_eligibility, ActivationPrecision, Backend, QuantSpec, WarmupSpec,
+};
 use crate::array::{list, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -29,10 +31,7 @@ use crate::ops::{stream, Quantized};
 /// On by default: see README.md, "Kernels", for the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
-fn eligibility(x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
-    if !on_cpu() {
-        return Err(FallbackReason::NoKernelForDevice);
-    }
+fn eligibility(backend: Backend, x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
     let (dt, pt) = (x.dtype(), w.scales.dtype());
     let float = |t: Dtype| matches!(t, Dtype::F32 | Dtype::F16 | Dtype::BF16);
     if !float(dt) || !float(pt) || w.biases.dtype() != pt || (pt != dt && dt != Dtype::F32) {
@@ -41,7 +40,7 @@ fn eligibility(x: &Array, w: &Quantized) -> Result<(), FallbackReason> {
     if !matches!(w.bits, 4 | 8) {
         return Err(FallbackReason::UnsupportedQuantization);
     }
-    Ok(())
+    quantized_shape_eligibility(backend, x, w.group_size)
 }
 
 /// `x·wᵀ`, `[..., K] → [..., N]`, in x's dtype promoted with the scales'
@@ -56,19 +55,23 @@ pub fn quantized_matmul_with(
     w: &Quantized,
     activations: ActivationPrecision,
 ) -> Result<Array, OpError> {
-    build(Kernel::QuantizedMatmul, eligibility(x, w), |fused| {
-        ffi::kernel_quantized_matmul(
-            x.inner(),
-            &list(&[&w.weight, &w.scales, &w.biases]),
-            w.group_size,
-            w.bits,
-            activations.code(),
-            fused,
-            stream(),
-        )
-        .map(Array::from_raw)
-        .map_err(OpError::from_cxx("quantized_matmul"))
-    })
+    build(
+        Kernel::QuantizedMatmul,
+        |b| eligibility(b, x, w),
+        |fused| {
+            ffi::kernel_quantized_matmul(
+                x.inner(),
+                &list(&[&w.weight, &w.scales, &w.biases]),
+                w.group_size,
+                w.bits,
+                activations.code(),
+                fused,
+                stream(),
+            )
+            .map(Array::from_raw)
+            .map_err(OpError::from_cxx("quantized_matmul"))
+        },
+    )
 }
 
 /// Warmup inputs: each `(K, N)` projection at decode (1 row) and, when

@@ -14,7 +14,7 @@ mod bf16_pairs;
 pub(crate) mod cpu;
 
 use super::registry::{FallbackReason, Kernel};
-use super::{build, on_cpu, WarmupSpec};
+use super::{build, Backend, WarmupSpec};
 use crate::array::{unlist, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
@@ -25,10 +25,7 @@ use crate::ops::stream;
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// The kernel's own verdict on its inputs (the registry adds switches and failures).
-fn eligibility(x: &Array, others: &[&Array]) -> Result<(), FallbackReason> {
-    if !on_cpu() {
-        return Err(FallbackReason::NoKernelForDevice);
-    }
+fn eligibility(_backend: Backend, x: &Array, others: &[&Array]) -> Result<(), FallbackReason> {
     let dt = x.dtype();
     if !matches!(dt, Dtype::F32 | Dtype::F16 | Dtype::BF16)
         || others.iter().any(|a| a.dtype() != dt)
@@ -40,11 +37,15 @@ fn eligibility(x: &Array, others: &[&Array]) -> Result<(), FallbackReason> {
 
 /// `x · rsqrt(mean(x², -1) + eps) · weight`; see the module docs for the contract.
 pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array, OpError> {
-    build(Kernel::RmsNorm, eligibility(x, &[weight]), |fused| {
-        ffi::kernel_rms_norm(x.inner(), weight.inner(), eps, fused, stream())
-            .map(Array::from_raw)
-            .map_err(OpError::from_cxx("rms_norm"))
-    })
+    build(
+        Kernel::RmsNorm,
+        |b| eligibility(b, x, &[weight]),
+        |fused| {
+            ffi::kernel_rms_norm(x.inner(), weight.inner(), eps, fused, stream())
+                .map(Array::from_raw)
+                .map_err(OpError::from_cxx("rms_norm"))
+        },
+    )
 }
 
 /// `(rms_norm(x + residual, weight, eps), x + residual)` in one pass over
@@ -58,7 +59,7 @@ pub fn rms_norm_residual(
 ) -> Result<(Array, Array), OpError> {
     build(
         Kernel::RmsNorm,
-        eligibility(x, &[residual, weight]),
+        |b| eligibility(b, x, &[residual, weight]),
         |fused| {
             let l = ffi::kernel_rms_norm_residual(
                 x.inner(),

@@ -1,0 +1,90 @@
+//! The backends a kernel body can run on, and the one table of which
+//! kernel has a body on which backend.
+//!
+//! Each Primitive keeps its faces in one folder per kernel: the Rust
+//! contract and CPU body under `mlx-backend/kernels/<op>/`, the C++
+//! Primitive and the CUDA and Metal bodies under `mlx-kernels-cpp/<op>/`.
+//! Adding a backend's body to a kernel is that body's file plus one arm in
+//! [`has_body`]; the registry then keeps its switch, counters and failure
+//! memory apart from the other backends'.
+
+use super::registry::Kernel;
+use crate::device::current_spec;
+use std::fmt;
+
+/// Where a kernel body runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// MLX's CPU stream; bodies in Rust, called from C++.
+    Cpu,
+    /// A GPU stream of MLX's CUDA build; bodies in CUDA C++.
+    Cuda,
+    /// A GPU stream on Apple silicon; bodies in Metal.
+    Metal,
+}
+
+/// How many backends there are.
+pub(crate) const BACKENDS: usize = 3;
+
+impl Backend {
+    pub const ALL: [Backend; BACKENDS] = [Backend::Cpu, Backend::Cuda, Backend::Metal];
+
+    /// The name used in `MLX_BACKEND_KERNELS` (`rms_norm@cuda`), logs and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Metal => "metal",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == name)
+    }
+
+    /// This build's GPU backend: MLX's GPU is Metal on macOS and CUDA
+    /// elsewhere (a CPU-only MLX build has no GPU stream at all).
+    pub fn gpu() -> Backend {
+        if cfg!(target_os = "macos") {
+            Backend::Metal
+        } else {
+            Backend::Cuda
+        }
+    }
+
+    /// The backend of the stream ops are being built on now.
+    pub fn current() -> Backend {
+        if current_spec().device.device_type == 0 {
+            Backend::Cpu
+        } else {
+            Backend::gpu()
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether this build has `kernel`'s body for `backend`: the table of
+/// bodies. A kernel without a body on the stream's backend builds MLX's
+/// fallback graph ([`FallbackReason::NoKernelForDevice`](super::FallbackReason)).
+pub fn has_body(kernel: Kernel, backend: Backend) -> bool {
+    use Backend::*;
+    use Kernel::*;
+    let cuda = cfg!(feature = "cuda");
+    match (kernel, backend) {
+        (_, Cpu) => true,
+        (RmsNorm, Cuda) => cuda,
+        (MoeCombine, Cuda) => cuda,
+        (GateQmvSiluMul, Cuda) => cuda,
+        (QuantizedMatmul, Cuda) => cuda,
+        _ => false,
+    }
+}

@@ -1,0 +1,27 @@
+#include "common/gpu_body.h"
+
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+#include "mlx-backend/mlx-backend/ffi.rs.h"
+
+namespace mlx_backend {
+
+void GpuBody::run(
+    const mlx::core::Stream& stream,
+    const std::vector<mlx::core::array>& inputs,
+    std::vector<mlx::core::array>& outputs) {
+  try {
+    enqueue(stream, inputs, outputs);
+  } catch (const std::exception& e) {
+    record_gpu_failure(static_cast<int32_t>(kernel_), e.what());
+    throw;
+  }
+}
+
+std::shared_ptr<GpuBody> no_gpu_body(const char* op) {
+  throw std::logic_error(std::string(op) + ": this build has no GPU body for it");
+}
+
+} // namespace mlx_backend

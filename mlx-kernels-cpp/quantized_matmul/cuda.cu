@@ -1,0 +1,62 @@
+// quantized_matmul's CUDA body for decode-size batches (the contract is in
+// mlx-backend/kernels/quantized_matmul/mod.rs): out[r, n] = Σ_k x[r, k]·w[n, k]
+// for up to kQmvMaxRows rows, f32 accumulation, one rounding to the output
+// dtype (x's, which the eligibility makes the promoted type).
+#include "common/qmv.cuh"
+
+using namespace mlx_backend_cuda;
+
+namespace {
+
+template <typename T, typename P, int BITS, bool ALIGNED>
+__device__ void qmv(
+    const T* x,
+    const uint32_t* w,
+    const P* scales,
+    const P* biases,
+    T* out,
+    int rows,
+    int k_len,
+    int n_len,
+    int group_size) {
+  const int n = blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32;
+  if (n >= n_len) {
+    return;
+  }
+  const QuantMatrix<P> mats[1] = {{w, scales, biases}};
+  float acc[1][kQmvMaxRows] = {};
+  qmv_lane<T, P, BITS, 1, ALIGNED>(x, mats, n, rows, k_len, group_size, acc);
+#pragma unroll
+  for (int r = 0; r < kQmvMaxRows; r++) {
+    if (r >= rows) {
+      break;
+    }
+    float v = warp_sum(acc[0][r]);
+    if (threadIdx.x % 32 == 0) {
+      out[static_cast<size_t>(r) * n_len + n] = from_f32<T>(v);
+    }
+  }
+}
+
+} // namespace
+
+#define QMV_KERNEL(XS, T, PS, P, BITS)                                                   \
+  extern "C" __global__ void mlx_backend_qmv_##XS##_##PS##_b##BITS(                      \
+      const T* x, const uint32_t* w, const P* scales, const P* biases, T* out, int rows, \
+      int k_len, int n_len, int group_size, bool vec) {                                  \
+    if (vec) {                                                                           \
+      qmv<T, P, BITS, true>(x, w, scales, biases, out, rows, k_len, n_len, group_size);  \
+    } else {                                                                             \
+      qmv<T, P, BITS, false>(x, w, scales, biases, out, rows, k_len, n_len, group_size); \
+    }                                                                                    \
+  }
+
+#define QMV_KERNELS(XS, T, PS, P) \
+  QMV_KERNEL(XS, T, PS, P, 4)     \
+  QMV_KERNEL(XS, T, PS, P, 8)
+
+QMV_KERNELS(f32, float, f32, float)
+QMV_KERNELS(f16, __half, f16, __half)
+QMV_KERNELS(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
+QMV_KERNELS(f32, float, f16, __half)
+QMV_KERNELS(f32, float, bf16, __nv_bfloat16)
