@@ -169,21 +169,8 @@ fn mlx_from_cache(backend: Backend) -> PathBuf {
     let partial = target.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
     let python = python();
-    let mut cmd = Command::new(&python);
-    cmd.args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--no-input",
-        "--quiet",
-        "--target",
-    ])
-    .arg(&partial);
     // The CPU wheels need nothing else; the CUDA wheel needs its NVIDIA runtime wheels.
-    if backend == Backend::Cpu {
-        cmd.arg("--no-deps");
-    }
+    let mut cmd = pip_install(&python, &partial, backend == Backend::Cpu);
     cmd.args(backend.wheels());
     println!(
         "cargo:warning=fetching MLX {MLX_VERSION} ({}) with pip into {}",
@@ -215,6 +202,25 @@ fn mlx_from_cache(backend: Backend) -> PathBuf {
         ))
     });
     mlx_dir
+}
+
+/// `python -m pip install` into `target` (quiet, no prompts); the caller
+/// adds the requirements.
+fn pip_install(python: &str, target: &Path, no_deps: bool) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+    ]);
+    if no_deps {
+        cmd.arg("--no-deps");
+    }
+    cmd.arg("--target").arg(target);
+    cmd
 }
 
 fn check_version(include_dir: &Path) {
@@ -292,7 +298,7 @@ fn compile_bridge(backend: Backend, mlx_dir: &Path, include_dir: &Path) {
     if backend == Backend::Cuda {
         let out_dir =
             PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR is not set")));
-        let toolkit = cuda::toolkit(env_var, &cache_root(), &python(), fail);
+        let toolkit = cuda::toolkit(env_var, &cache_root(), &python(), pip_install, fail);
         let fatbins = cuda::compile_fatbins(
             &toolkit,
             Path::new("mlx-kernels-cpp"),

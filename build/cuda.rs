@@ -37,6 +37,7 @@ pub fn toolkit(
     env: impl Fn(&str) -> Option<String>,
     cache: &Path,
     python: &str,
+    pip_install: fn(&str, &Path, bool) -> Command,
     fail: fn(&str) -> !,
 ) -> Toolkit {
     let from_bin = |nvcc: PathBuf| {
@@ -62,18 +63,7 @@ pub fn toolkit(
             "cargo:warning=fetching the CUDA {TOOLCHAIN_VERSION} compiler with pip into {}",
             root.display()
         );
-        let status = Command::new(python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "--no-input",
-                "--quiet",
-                "--no-deps",
-                "--target",
-            ])
-            .arg(&partial)
+        let status = pip_install(python, &partial, true)
             .args(TOOLCHAIN_WHEELS.map(|w| format!("{w}=={TOOLCHAIN_VERSION}")))
             .status();
         match status {

@@ -20,6 +20,22 @@ fn path_str(path: &Path) -> Result<&str, LoadError> {
     })
 }
 
+/// Why reading tensor `name` failed: the file has no such tensor, or MLX
+/// could not read the one it has (its message kept).
+fn tensor_error(path: &str, names: &[String], name: &str, e: &cxx::Exception) -> LoadError {
+    if names.iter().any(|n| n == name) {
+        LoadError::Invalid {
+            path: path.to_string(),
+            message: format!("tensor '{name}': {}", e.what()),
+        }
+    } else {
+        LoadError::MissingTensor {
+            path: path.to_string(),
+            name: name.into(),
+        }
+    }
+}
+
 /// Map `path` read-only and run `check` over its bytes (it reads only what
 /// it needs, e.g. the header), so MLX's reader never sees a malformed file.
 /// Returns the path for messages.
@@ -75,28 +91,30 @@ impl SafetensorsFile {
     pub fn get(&self, name: &str) -> Result<Array, LoadError> {
         ffi::safetensors_get(&self.raw, name)
             .map(Array::from_raw)
-            .map_err(|_| LoadError::MissingTensor {
-                path: self.path.clone(),
-                name: name.into(),
-            })
+            .map_err(|e| tensor_error(&self.path, &self.names(), name, &e))
     }
 
     /// The header's `__metadata__` strings.
-    pub fn metadata(&self) -> BTreeMap<String, String> {
+    pub fn metadata(&self) -> Result<BTreeMap<String, String>, LoadError> {
         ffi::safetensors_metadata_keys(&self.raw)
             .into_iter()
-            .filter_map(|k| {
-                let v = ffi::safetensors_metadata_get(&self.raw, &k).ok()?;
-                Some((k, v))
+            .map(|k| {
+                let v = ffi::safetensors_metadata_get(&self.raw, &k).map_err(|e| {
+                    LoadError::Invalid {
+                        path: self.path.clone(),
+                        message: format!("metadata key '{k}': {}", e.what()),
+                    }
+                })?;
+                Ok((k, v))
             })
             .collect()
     }
 
     /// All tensors by name.
-    pub fn tensors(&self) -> BTreeMap<String, Array> {
+    pub fn tensors(&self) -> Result<BTreeMap<String, Array>, LoadError> {
         self.names()
             .into_iter()
-            .filter_map(|n| self.get(&n).ok().map(|a| (n, a)))
+            .map(|n| Ok((n.clone(), self.get(&n)?)))
             .collect()
     }
 }
@@ -177,19 +195,7 @@ impl GgufFile {
     pub fn get(&self, name: &str) -> Result<Array, LoadError> {
         ffi::gguf_get(&self.raw, name)
             .map(Array::from_raw)
-            .map_err(|e| {
-                if self.names().iter().any(|n| n == name) {
-                    LoadError::Invalid {
-                        path: self.path.clone(),
-                        message: format!("tensor '{name}': {}", e.what()),
-                    }
-                } else {
-                    LoadError::MissingTensor {
-                        path: self.path.clone(),
-                        name: name.into(),
-                    }
-                }
-            })
+            .map_err(|e| tensor_error(&self.path, &self.names(), name, &e))
     }
 
     pub fn metadata_keys(&self) -> Vec<String> {

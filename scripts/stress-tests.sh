@@ -22,16 +22,7 @@ mkdir -p "$LOGS"
 # The test binaries, as cargo reports them (no guessing at hashed names).
 mapfile -t BINARIES < <(
   cargo test --release --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["executable"])
-' | sort -u | grep -F -- "$FILTER"
+    python3 scripts/cargo-executables.py --tests | grep -F -- "$FILTER"
 )
 if [[ ${#BINARIES[@]} -eq 0 ]]; then
   echo "stress-tests: no test binaries found" >&2

@@ -64,7 +64,7 @@ fn safetensors_round_trip_every_dtype() {
     let mut names: Vec<&str> = tensors.iter().map(|(n, _)| *n).collect();
     names.sort();
     assert_eq!(file.names(), names);
-    let meta = file.metadata();
+    let meta = file.metadata().unwrap();
     assert_eq!(meta.len(), 3);
     for (k, v) in metadata {
         assert_eq!(meta.get(k).map(String::as_str), Some(v), "metadata {k}");
@@ -87,7 +87,7 @@ fn safetensors_round_trip_every_dtype() {
         c64.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(),
         vc64
     );
-    assert_eq!(file.tensors().len(), 13);
+    assert_eq!(file.tensors().unwrap().len(), 13);
     assert!(matches!(
         file.get("nope"),
         Err(LoadError::MissingTensor { .. })
@@ -101,7 +101,11 @@ fn safetensors_round_trip_every_dtype() {
     let back = SafetensorsFile::load(&vpath).unwrap().get("t").unwrap();
     let expected: Vec<f64> = (0..6).map(|i| x[(i % 2) * 3 + i / 2] as f64).collect();
     assert_close(&f32s(&back), &expected, 0.0, 0.0, "saved view");
-    assert!(SafetensorsFile::load(&vpath).unwrap().metadata().is_empty());
+    assert!(SafetensorsFile::load(&vpath)
+        .unwrap()
+        .metadata()
+        .unwrap()
+        .is_empty());
 
     // MLX 0.32 writes no float64 safetensors: an error, not a crash. The
     // f64 array is made on the CPU (MLX has no float64 on a GPU).
@@ -111,7 +115,12 @@ fn safetensors_round_trip_every_dtype() {
         .scope(|| xa.astype(Dtype::F64).unwrap());
     let e = save_safetensors(dir.join("f64.safetensors"), &[("d", &f64_array)], &[])
         .expect_err("MLX cannot save float64");
-    assert!(e.to_string().contains("dtype"), "{e}");
+    // MLX names the dtype (or, saving from a GPU stream, float64 itself).
+    let message = e.to_string();
+    assert!(
+        message.contains("dtype") || message.contains("float64"),
+        "{e}"
+    );
     assert_still_works();
 }
 

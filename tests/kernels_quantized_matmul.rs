@@ -4,9 +4,10 @@
 mod kernels_common;
 
 use kernels_common::{
-    assert_fallback_counted, cuda_qmv_limit, norm_rel_err, normal, on_each_device, Tally,
+    assert_fallback_counted, cuda_qmv_limit, fused_expected, norm_rel_err, normal, on_each_device,
+    Tally,
 };
-use mlx_backend::kernels::{quantized_matmul, registry, FallbackReason, Kernel};
+use mlx_backend::kernels::{quantized_matmul, registry, Backend, FallbackReason, Kernel};
 use mlx_backend::ops::{quantize, Quantized};
 use mlx_backend::{Array, Dtype};
 
@@ -50,16 +51,33 @@ fn matches_mlx_quantized_matmul() {
                         let w = weights(n, k, dtype, bits, group, seed);
                         let shape: Vec<i32> = lead.iter().copied().chain([k]).collect();
                         let x = normal(&shape, dtype, 0.0, 1.0, seed + 1);
+                        let case = format!("{dtype} bits {bits} group {group} x {shape:?} -> {n}");
                         let got = quantized_matmul(&x, &w).unwrap();
-                        tally.record(cuda_qmv_limit(&x, group));
+                        let limit = cuda_qmv_limit(&x, group);
+                        tally.record(limit);
+                        if let Err(e) = got.eval() {
+                            // MLX 0.32.4's own CUDA quantized_matmul rejects
+                            // some shapes (docs/gpu.md): where the op fell
+                            // back to it on a GPU, say so and go on; a body
+                            // of ours must never fail.
+                            let backend = Backend::current();
+                            if backend != Backend::Cpu
+                                && !(fused_expected(Kernel::QuantizedMatmul) && limit.is_ok())
+                            {
+                                eprintln!(
+                                    "MLX's quantized_matmul failed on {backend} for {case}: {e}"
+                                );
+                                continue;
+                            }
+                            panic!("{case}: {e}");
+                        }
                         let want = f32_reference(&x, &w);
+                        want.eval()
+                            .unwrap_or_else(|e| panic!("{case}, the reference: {e}"));
                         assert_eq!(got.shape(), want.shape());
                         assert_eq!(got.dtype(), dtype);
                         let err = norm_rel_err(&got, &want);
-                        assert!(
-                            err < tolerance(dtype),
-                            "{dtype} bits {bits} group {group} x {shape:?} -> {n}: {err:e}"
-                        );
+                        assert!(err < tolerance(dtype), "{case}: {err:e}");
                     }
                 }
             }

@@ -325,6 +325,7 @@ fn edit_weights(dir: &Path, edit: impl FnOnce(&mut Vec<(String, Array)>)) {
     let mut tensors: Vec<(String, Array)> = SafetensorsFile::load(&path)
         .unwrap()
         .tensors()
+        .unwrap()
         .into_iter()
         .collect();
     for (_, a) in &tensors {

@@ -86,7 +86,10 @@ pub fn fetch_default_model() -> Result<PathBuf, FetchError> {
     if dest.is_file() {
         return Ok(dest);
     }
-    let dir = dest.parent().expect("models folder").to_path_buf();
+    let dir = dest
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| download_err("the default model", "the cache path has no folder"))?;
     std::fs::create_dir_all(&dir).map_err(|e| download_err("the model cache", e))?;
     let tmp = dir.join(format!(".fetch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -177,15 +180,21 @@ fn fetch_hub_files(id: &str) -> Result<PathBuf, FetchError> {
     let api = hf_hub::api::sync::Api::new().map_err(|e| download_err(id, e))?;
     let repo = api.model(id.to_string());
     let config = repo.get("config.json").map_err(|e| download_err(id, e))?;
-    for optional in [
+    // Optional files: absent (404) is fine; any other failure is reported.
+    let optional = |name: &str| match repo.get(name) {
+        Ok(path) => Ok(Some(path)),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(download_err(&format!("{id}/{name}"), e)),
+    };
+    for name in [
         "tokenizer.json",
         "tokenizer_config.json",
         "generation_config.json",
     ] {
-        let _ = repo.get(optional);
+        optional(name)?;
     }
-    match repo.get("model.safetensors.index.json") {
-        Ok(index) => {
+    match optional("model.safetensors.index.json")? {
+        Some(index) => {
             let text = std::fs::read_to_string(&index).map_err(|e| download_err(id, e))?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| download_err(id, e))?;
@@ -203,12 +212,24 @@ fn fetch_hub_files(id: &str) -> Result<PathBuf, FetchError> {
                 repo.get(&f).map_err(|e| download_err(id, e))?;
             }
         }
-        Err(_) => {
+        None => {
             repo.get("model.safetensors")
                 .map_err(|e| download_err(id, e))?;
         }
     }
-    Ok(config.parent().expect("snapshot folder").to_path_buf())
+    config
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| download_err(id, "the hub cache returned a file without a folder"))
+}
+
+/// Whether the hub answered 404 for a file.
+#[cfg(feature = "hub")]
+fn is_not_found(e: &hf_hub::api::sync::ApiError) -> bool {
+    matches!(
+        e,
+        hf_hub::api::sync::ApiError::RequestError(r) if matches!(**r, ureq::Error::Status(404, _))
+    )
 }
 
 #[cfg(not(feature = "hub"))]

@@ -188,7 +188,7 @@ fn read_hf_folder(dir: &Path) -> Result<(ModelConfig, BTreeMap<String, Array>), 
     let mut tensors = BTreeMap::new();
     for f in files {
         let file = SafetensorsFile::load(&f)?;
-        tensors.extend(file.tensors());
+        tensors.extend(file.tensors()?);
     }
     Ok((config, tensors))
 }

@@ -69,6 +69,17 @@ __device__ __forceinline__ void qmv_lane(
       scale[m] = to_f32(mats[m].scales[static_cast<size_t>(n) * groups_per_row + g]);
       bias[m] = to_f32(mats[m].biases[static_cast<size_t>(n) * groups_per_row + g]);
     }
+    // The chunk's weights as floats, once for every row of x.
+    float q[MATS][kPerChunk];
+#pragma unroll
+    for (int m = 0; m < MATS; m++) {
+      const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
+#pragma unroll
+      for (int i = 0; i < kPerChunk; i++) {
+        q[m][i] = static_cast<float>((words[i / kPerWord] >> (BITS * (i % kPerWord))) & kMask);
+      }
+    }
+    constexpr int kVec = vec_width<T>();
 #pragma unroll
     for (int r = 0; r < kQmvMaxRows; r++) {
       if (r >= rows) {
@@ -81,23 +92,16 @@ __device__ __forceinline__ void qmv_lane(
       for (int m = 0; m < MATS; m++) {
         dot[m] = 0.0f;
       }
-      constexpr int kVec = vec_width<T>();
 #pragma unroll
       for (int v = 0; v < kPerChunk / kVec; v++) {
         Vec<T, kVec> xv = load_vec<T, kVec, ALIGNED>(xr + v * kVec);
 #pragma unroll
         for (int j = 0; j < kVec; j++) {
-          const int idx = v * kVec + j; // value index within the chunk
           const float xf = to_f32(xv.v[j]);
           xsum += xf;
 #pragma unroll
           for (int m = 0; m < MATS; m++) {
-            const uint32_t word = idx / kPerWord == 0 ? packed[m].x
-                : idx / kPerWord == 1                ? packed[m].y
-                : idx / kPerWord == 2                ? packed[m].z
-                                                     : packed[m].w;
-            const float q = static_cast<float>((word >> (BITS * (idx % kPerWord))) & kMask);
-            dot[m] += xf * q;
+            dot[m] += xf * q[m][v * kVec + j];
           }
         }
       }

@@ -33,29 +33,11 @@ echo "pack: building --features cuda into $CARGO_TARGET_DIR" >&2
 cargo build --release --features cuda --examples >&2
 mapfile -t TESTS < <(
   cargo test --release --features cuda --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
-        print(m["executable"])
-' | sort -u
+    python3 scripts/cargo-executables.py --tests
 )
 BENCH="$(
   cargo bench --features cuda --no-run --bench gpu_kernels --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu_kernels":
-        print(m["executable"])
-'
+    python3 scripts/cargo-executables.py --target gpu_kernels
 )"
 [[ -d "$LAYOUT/mlx/lib" ]] || { echo "pack: no CUDA layout at $LAYOUT (the build should have made it)" >&2; exit 1; }
 

@@ -35,6 +35,9 @@ done
 NV="$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)/nvidia"
 for d in "$NV"/*/lib; do LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
 export LD_LIBRARY_PATH
+# The tests compare float32 results with float32 references and goldens:
+# MLX's float32 matmuls use TF32 on the GPU unless told otherwise.
+export MLX_ENABLE_TF32="${MLX_ENABLE_TF32:-0}"
 # MLX's compiled CUDA kernels (NVRTC) survive between runs of one call.
 export MLX_PTX_CACHE_DIR=/tmp/mlx-backend-gpu/ptx-cache
 GEN="$APP/examples/generate"
@@ -69,7 +72,7 @@ if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   # The logs of failed binaries, in one file (the tool returns few files).
   grep -L -E "^test result: ok" "$REPORT_DIR"/*.log 2>/dev/null | while read -r f; do
     echo "=== $(basename "$f")"
-    grep -E -A3 "^test .* FAILED|panicked at|^error" "$f" | head -60
+    grep -E -A6 "^test .* FAILED|panicked at|^error" "$f" | head -80
     tail -n 5 "$f"
   done >"$REPORT_DIR/failures.txt"
   rm -f "$REPORT_DIR"/*.log
