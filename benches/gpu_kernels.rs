@@ -10,9 +10,12 @@
 //! `GPU_BENCH_FILTER=qmv` keeps the cases whose name contains the string.
 //! Without a GPU it says so and exits.
 
-use mlx_backend::kernels::{gate_qmv_silu_mul, moe_combine, quantized_matmul, registry, rms_norm};
+use mlx_backend::kernels::{
+    attention, gate_qmv_silu_mul, gather_gate_qmv_silu_mul, moe_combine, quantized_matmul,
+    registry, rms_norm,
+};
 use mlx_backend::kernels::{Backend, Kernel};
-use mlx_backend::ops::{quantize, random, Quantized};
+use mlx_backend::ops::{quantize, random, AttentionMask, Quantized};
 use mlx_backend::{Array, Device, Dtype};
 use std::time::Instant;
 
@@ -42,7 +45,13 @@ fn normal(shape: &[i32], dtype: Dtype, scale: f32, seed: u64) -> Array {
 }
 
 fn quantized(n: i32, k: i32, bits: i32, group: i32, seed: u64) -> Quantized {
-    let q = quantize(&normal(&[n, k], Dtype::BF16, 0.05, seed), group, bits).expect("quantize");
+    stacked(&[], n, k, bits, group, seed)
+}
+
+/// `lead` matrices `[n, k]` (an expert stack when `lead` is `[E]`), quantized.
+fn stacked(lead: &[i32], n: i32, k: i32, bits: i32, group: i32, seed: u64) -> Quantized {
+    let shape: Vec<i32> = lead.iter().copied().chain([n, k]).collect();
+    let q = quantize(&normal(&shape, Dtype::BF16, 0.05, seed), group, bits).expect("quantize");
     mlx_backend::eval(&[&q.weight, &q.scales, &q.biases]).expect("eval");
     q
 }
@@ -113,13 +122,70 @@ fn cases() -> Vec<Case> {
     let ups: Vec<Quantized> = (0..SETS)
         .map(|i| quantized(n, k, 4, 64, 60 + i as u64))
         .collect();
-    let x = normal(&[1, k], bf16, 1.0, 70);
+    for rows in [1, 8] {
+        let x = normal(&[rows, k], bf16, 1.0, 70);
+        let (gates, ups) = (gates.clone(), ups.clone());
+        cases.push(Case {
+            name: format!("gate_qmv_silu_mul {rows}x{k}->{n} 4-bit g64 bf16"),
+            kernel: Kernel::GateQmvSiluMul,
+            bytes: 2.0 * quant_bytes(n, k, 4, 64),
+            op: Box::new(move |i| gate_qmv_silu_mul(&x, &gates[i], &ups[i]).expect("gate")),
+        });
+    }
+    // Expert-indexed gate+up, Qwen1.5-MoE-A2.7B's experts (E=60, top-4,
+    // 2048 -> 1408), one token: the bytes of the 4 chosen experts.
+    let (e, k, n, top_k) = (60, 2048, 1408, 4);
+    let gates: Vec<Quantized> = (0..2)
+        .map(|i| stacked(&[e], n, k, 4, 64, 100 + i as u64))
+        .collect();
+    let ups: Vec<Quantized> = (0..2)
+        .map(|i| stacked(&[e], n, k, 4, 64, 110 + i as u64))
+        .collect();
+    let x = normal(&[1, k], bf16, 1.0, 120);
+    let idx: Vec<Array> = (0..SETS)
+        .map(|i| {
+            let ids: Vec<u32> = (0..top_k)
+                .map(|j| ((i as i32 * 13 + j * 7) % e) as u32)
+                .collect();
+            Array::from_slice(&ids, &[1, top_k]).expect("indices")
+        })
+        .collect();
     cases.push(Case {
-        name: format!("gate_qmv_silu_mul 1x{k}->{n} 4-bit g64 bf16"),
+        name: format!("gather gate E={e} top-{top_k} 1x{k}->{n} 4-bit g64 bf16"),
         kernel: Kernel::GateQmvSiluMul,
-        bytes: 2.0 * quant_bytes(n, k, 4, 64),
-        op: Box::new(move |i| gate_qmv_silu_mul(&x, &gates[i], &ups[i]).expect("gate")),
+        bytes: 2.0 * top_k as f64 * quant_bytes(n, k, 4, 64),
+        op: Box::new(move |i| {
+            gather_gate_qmv_silu_mul(&x, &idx[i], &gates[i % 2], &ups[i % 2]).expect("gather gate")
+        }),
     });
+    // Attention: decode (1 query row over a cache) and causal prefill,
+    // Qwen3-0.6B's heads (16 q, 8 kv, d 128) in bf16.
+    for (l, s_len) in [(1, 1024), (1, 4096), (512, 512)] {
+        let (hq, hkv, d) = (16, 8, 128);
+        let q = normal(&[1, hq, l, d], bf16, 1.0, 130);
+        let kv: Vec<(Array, Array)> = (0..SETS)
+            .map(|i| {
+                (
+                    normal(&[1, hkv, s_len, d], bf16, 1.0, 140 + i as u64),
+                    normal(&[1, hkv, s_len, d], bf16, 1.0, 150 + i as u64),
+                )
+            })
+            .collect();
+        let mask = if l > 1 {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::None
+        };
+        cases.push(Case {
+            name: format!("attention {hq}/{hkv}x{d} L={l} S={s_len} bf16"),
+            kernel: Kernel::Attention,
+            bytes: 2.0 * (2.0 * (hq * l * d) as f64 + 2.0 * (hkv * s_len * d) as f64),
+            op: Box::new(move |i| {
+                let scale = 1.0 / (d as f32).sqrt();
+                attention(&q, &kv[i].0, &kv[i].1, scale, mask).expect("attention")
+            }),
+        });
+    }
     // Decode projections of SmolLM2-135M and Qwen3-0.6B (4-bit g64; the
     // heads 8-bit), 1 and 8 rows.
     let shapes: [(&str, i32, i32, i32); 8] = [
@@ -136,7 +202,7 @@ fn cases() -> Vec<Case> {
         let ws: Vec<Quantized> = (0..SETS)
             .map(|i| quantized(n, k, bits, 64, 80 + i as u64))
             .collect();
-        for rows in [1, 8] {
+        for rows in [1, 2, 4, 8] {
             let x = normal(&[rows, k], bf16, 1.0, 90);
             let ws = ws.clone();
             cases.push(Case {

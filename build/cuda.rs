@@ -123,7 +123,7 @@ pub fn compile_fatbins(
         println!("cargo:rerun-if-changed={}", source.display());
         let fatbin = out_dir.join(format!("{name}.fatbin"));
         let mut cmd = Command::new(&toolkit.nvcc);
-        cmd.args(["-fatbin", "-O3", "-std=c++17", "-Xptxas", "-warn-spills"])
+        cmd.args(["-fatbin", "-O3", "-std=c++20", "-Xptxas", "-warn-spills"])
             .arg("-I")
             .arg(kernels_root);
         if cccl.is_dir() {

@@ -3,8 +3,8 @@
 
 mod kernels_common;
 
-use kernels_common::{assert_fallback_counted, normal, on_each_device, Tally};
-use mlx_backend::kernels::{attention, registry, FallbackReason, Kernel};
+use kernels_common::{assert_fallback_counted, fused_expected, normal, on_each_device, Tally};
+use mlx_backend::kernels::{attention, registry, Backend, FallbackReason, Kernel};
 use mlx_backend::ops::AttentionMask;
 use mlx_backend::{Array, Dtype};
 
@@ -122,11 +122,15 @@ fn ineligible_inputs_fall_back_counted() {
     on_each_device(|_dev| {
         let stats = || registry::stats(Kernel::Attention);
         let (q, k, v) = inputs(4, 2, 5, 9, 32, 7600);
-        // f16: the kernel is f32 only.
+        // f16: the CPU body is f32 only (the CUDA body takes it).
         let [q16, k16, v16] = [&q, &k, &v].map(|a| a.astype(Dtype::F16).unwrap());
         let before = stats();
         let got = attention(&q16, &k16, &v16, 0.2, AttentionMask::Causal).unwrap();
-        assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedDtype);
+        if Backend::current() == Backend::Cuda {
+            assert_eq!(stats().fused, before.fused + 1);
+        } else {
+            assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedDtype);
+        }
         assert_eq!(got.dtype(), Dtype::F16);
         let want = reference(&q, &k, &v, 0.2, true);
         let got = got.to_f32_vec().unwrap();
@@ -154,6 +158,71 @@ fn ineligible_inputs_fall_back_counted() {
         )
         .unwrap();
         assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedMask);
+    });
+}
+
+/// The GPU bodies' half-precision dtypes, long caches, wide heads and a
+/// k whose head axis is strided (read through a copy) against the float64
+/// reference; the CPU builds MLX's op for what its body does not take.
+#[test]
+fn half_precision_wide_heads_and_strided_views() {
+    on_each_device(|_dev| {
+        let mut seed = 7900;
+        for (dtype, tol) in [(Dtype::F16, 4e-3), (Dtype::BF16, 3e-2), (Dtype::F32, 1e-4)] {
+            for (hq, hkv, l, s, d) in [(8, 2, 1, 1500, 128), (4, 4, 37, 37, 256), (6, 3, 3, 70, 96)]
+            {
+                let (q, k, v) = inputs(hq, hkv, l, s, d, seed);
+                seed += 3;
+                let [qh, kh, vh] = [&q, &k, &v].map(|a| a.astype(dtype).unwrap());
+                // The rounded inputs are what the reference sees.
+                let [q32, k32, v32] = [&qh, &kh, &vh].map(|a| a.astype(Dtype::F32).unwrap());
+                let scale = 1.0 / (d as f32).sqrt();
+                let want = reference(&q32, &k32, &v32, scale, true);
+                let before = registry::stats(Kernel::Attention);
+                let got = attention(&qh, &kh, &vh, scale, AttentionMask::Causal).unwrap();
+                let fused = registry::stats(Kernel::Attention).fused > before.fused;
+                let takes = match Backend::current() {
+                    Backend::Cpu => dtype == Dtype::F32,
+                    _ => fused_expected(Kernel::Attention),
+                };
+                assert_eq!(fused, takes, "{dtype:?} d {d}: fused {fused}");
+                let got = got.to_f32_vec().unwrap();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let err = (*g as f64 - w).abs() / w.abs().max(1.0);
+                    assert!(
+                        err <= tol,
+                        "{dtype:?} l {l} s {s} d {d}: index {i}: got {g}, want {w}"
+                    );
+                }
+            }
+        }
+        // k with a strided head axis (a transpose of [.., D, S]).
+        let (q, _, v) = inputs(4, 2, 6, 20, 64, seed);
+        let kt = normal(&[1, 2, 64, 20], Dtype::F32, 0.0, 1.0, seed + 9)
+            .transpose(&[0, 1, 3, 2])
+            .unwrap();
+        let got = attention(&q, &kt, &v, 0.125, AttentionMask::None).unwrap();
+        let want = reference(&q, &kt.contiguous().unwrap(), &v, 0.125, false);
+        for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+            assert!((*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0));
+        }
+    });
+}
+
+/// Past the CUDA body's widest head (256): MLX's op there, counted.
+#[test]
+fn heads_wider_than_the_cuda_body_fall_back_there() {
+    on_each_device(|_dev| {
+        let (q, k, v) = inputs(2, 1, 3, 5, 320, 8100);
+        let before = registry::stats(Kernel::Attention);
+        let got = attention(&q, &k, &v, 0.05, AttentionMask::Causal).unwrap();
+        if Backend::current() == Backend::Cuda {
+            assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedShape);
+        }
+        let want = reference(&q, &k, &v, 0.05, true);
+        for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+            assert!((*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0));
+        }
     });
 }
 

@@ -86,8 +86,9 @@ fn dense_matches_quantized_matmul() {
 #[test]
 fn expert_indexed_matches_gather_qmm() {
     on_each_device(|_dev| {
+        let mut tally = Tally::new(Kernel::GateQmvSiluMul);
         let mut seed = 5000;
-        for dtype in [Dtype::BF16, Dtype::F32] {
+        for dtype in [Dtype::BF16, Dtype::F32, Dtype::F16] {
             for bits in [4, 8] {
                 for group in [32, 64, 128] {
                     for (lead, top_k) in [(vec![1], 4), (vec![19], 2), (vec![2, 5], 3)] {
@@ -100,6 +101,7 @@ fn expert_indexed_matches_gather_qmm() {
                         let x = normal(&xs, dtype, 0.0, 1.0, seed + 2);
                         let idx = indices(&is, e as u32, seed + 3);
                         let got = gather_gate_qmv_silu_mul(&x, &idx, &gate, &up).unwrap();
+                        tally.record(cuda_qmv_limit(&x, group));
                         let x32 = x.astype(Dtype::F32).unwrap();
                         let want = indexed_reference(&x32, &idx, &upcast(&gate), &upcast(&up));
                         let mut want_shape = is.clone();
@@ -114,6 +116,7 @@ fn expert_indexed_matches_gather_qmm() {
                 }
             }
         }
+        tally.check();
     });
 }
 

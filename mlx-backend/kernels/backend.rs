@@ -85,6 +85,7 @@ pub fn has_body(kernel: Kernel, backend: Backend) -> bool {
         (MoeCombine, Cuda) => cuda,
         (GateQmvSiluMul, Cuda) => cuda,
         (QuantizedMatmul, Cuda) => cuda,
+        (Attention, Cuda) => cuda,
         _ => false,
     }
 }

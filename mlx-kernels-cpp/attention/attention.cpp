@@ -3,6 +3,7 @@
 #include <array>
 #include <optional>
 
+#include "attention/cuda.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 
 namespace mx = mlx::core;
@@ -144,12 +145,12 @@ array attention_op(
     return fallback({q, k, v})[0];
   }
   // Views with dense rows (cache slices, transposes) are read in place;
-  // others are made dense inside eval_cpu: one graph node either way.
-  return array(
-      q.shape(),
-      q.dtype(),
-      std::make_shared<AttentionPrimitive>(s, std::move(fallback), scale, causal),
-      {q, k, v});
+  // others are made dense inside eval_cpu / eval_gpu: one graph node either way.
+  auto primitive = std::make_shared<AttentionPrimitive>(s, std::move(fallback), scale, causal);
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("attention", attention_cuda(scale, causal), nullptr));
+  }
+  return array(q.shape(), q.dtype(), primitive, {q, k, v});
 }
 
 ArrayPtr kernel_attention(

@@ -1,9 +1,13 @@
 // Quantized matrix-vector products for decode-size batches on MLX's affine
 // format (the layout in MLX's backend/cuda/quantized/qmv.cu): each uint32 of
 // `w [N, K·bits/32]` packs 32/bits values, lowest bits first; value k of row
-// n is scales[n, k/gs]·q + biases[n, k/gs]. One warp computes one output
-// column for every row of x; a lane reads 16 bytes of the weight row at a
-// time, so a row streams as whole 512-byte warp reads.
+// n is scales[n, k/gs]·q + biases[n, k/gs]. A warp computes COLS adjacent
+// output columns for up to ROWS rows of x; a lane reads 16 bytes of each
+// weight row at a time, so rows stream as whole 512-byte warp reads. Each
+// weight is dequantized once (scale·q + bias) and used for every row, and
+// each element of x is converted once and used for every column: with
+// several rows the work per weight byte, not the bytes, bounds the kernel,
+// so the row count picks the columns per warp (see qmv_dispatch).
 #pragma once
 
 #include "common/cuda_common.cuh"
@@ -13,6 +17,10 @@ namespace mlx_backend_cuda {
 // The most rows of x one launch takes (more go to MLX's qmm).
 constexpr int kQmvMaxRows = 8;
 constexpr int kQmvWarpsPerBlock = 4;
+// Columns per warp at most: plain projections, and the gate/up pair (two
+// matrices' accumulators).
+constexpr int kQmvPlainMaxCols = 4;
+constexpr int kQmvGateMaxCols = 2;
 
 // One quantized matrix: packed words, scales and biases.
 template <typename P>
@@ -22,7 +30,6 @@ struct QuantMatrix {
   const P* biases;
 };
 
-// acc[r] += Σ_k x[r, k] · w[n, k] over this lane's share of row n.
 template <typename T, int N, bool ALIGNED>
 __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   if constexpr (ALIGNED) {
@@ -37,18 +44,24 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
   }
 }
 
-template <typename T, typename P, int BITS, int MATS, bool ALIGNED>
+// acc[m][c][r] += Σ_k x[r, k] · mats[m].w[n0 + c, k] over this lane's share
+// of the columns n0 .. n0 + COLS - 1 (those below n_len), for the first
+// `rows` (≤ ROWS) rows of x.
+template <typename T, typename P, int BITS, int MATS, int COLS, int ROWS, bool ALIGNED>
 __device__ __forceinline__ void qmv_lane(
     const T* x,
     const QuantMatrix<P> (&mats)[MATS],
-    int n,
+    int n0,
+    int n_len,
     int rows,
     int k_len,
     int group_size,
-    float (&acc)[MATS][kQmvMaxRows]) {
+    float (&acc)[MATS][COLS][ROWS]) {
   constexpr int kPerWord = 32 / BITS;
   constexpr int kPerChunk = 4 * kPerWord; // values in 16 bytes
   constexpr uint32_t kMask = (1u << BITS) - 1u;
+  constexpr int kVec = vec_width<T>();
+  static_assert(kPerChunk % kVec == 0, "a chunk holds whole x vectors");
   const int lane = threadIdx.x % 32;
   const int words_per_row = k_len / kPerWord;
   const int groups_per_row = k_len / group_size;
@@ -56,60 +69,85 @@ __device__ __forceinline__ void qmv_lane(
   for (int c = lane; c < chunks; c += 32) {
     const int k0 = c * kPerChunk;
     const int g = k0 / group_size;
-    uint4 packed[MATS];
-    float scale[MATS], bias[MATS];
+    uint32_t words[MATS][COLS][4];
+    float scale[MATS][COLS], bias[MATS][COLS];
 #pragma unroll
     for (int m = 0; m < MATS; m++) {
-      const uint32_t* wp = mats[m].w + static_cast<size_t>(n) * words_per_row + 4 * c;
-      if constexpr (ALIGNED) {
-        packed[m] = *reinterpret_cast<const uint4*>(wp);
-      } else {
-        packed[m] = make_uint4(wp[0], wp[1], wp[2], wp[3]);
+#pragma unroll
+      for (int col = 0; col < COLS; col++) {
+        // Columns past the end read column n0 (valid) and are never stored.
+        const int n = n0 + col < n_len ? n0 + col : n0;
+        const uint32_t* wp = mats[m].w + static_cast<size_t>(n) * words_per_row + 4 * c;
+        uint4 p;
+        if constexpr (ALIGNED) {
+          p = *reinterpret_cast<const uint4*>(wp);
+        } else {
+          p = make_uint4(wp[0], wp[1], wp[2], wp[3]);
+        }
+        words[m][col][0] = p.x;
+        words[m][col][1] = p.y;
+        words[m][col][2] = p.z;
+        words[m][col][3] = p.w;
+        scale[m][col] = to_f32(mats[m].scales[static_cast<size_t>(n) * groups_per_row + g]);
+        bias[m][col] = to_f32(mats[m].biases[static_cast<size_t>(n) * groups_per_row + g]);
       }
-      scale[m] = to_f32(mats[m].scales[static_cast<size_t>(n) * groups_per_row + g]);
-      bias[m] = to_f32(mats[m].biases[static_cast<size_t>(n) * groups_per_row + g]);
     }
-    // The chunk's weights as floats, once for every row of x.
-    float q[MATS][kPerChunk];
 #pragma unroll
-    for (int m = 0; m < MATS; m++) {
-      const uint32_t words[4] = {packed[m].x, packed[m].y, packed[m].z, packed[m].w};
-#pragma unroll
-      for (int i = 0; i < kPerChunk; i++) {
-        q[m][i] = static_cast<float>((words[i / kPerWord] >> (BITS * (i % kPerWord))) & kMask);
-      }
-    }
-    constexpr int kVec = vec_width<T>();
-#pragma unroll
-    for (int r = 0; r < kQmvMaxRows; r++) {
-      if (r >= rows) {
-        break;
-      }
-      const T* xr = x + static_cast<size_t>(r) * k_len + k0;
-      float xsum = 0.0f;
-      float dot[MATS];
+    for (int v = 0; v < kPerChunk / kVec; v++) {
+      // This x vector's weights, dequantized once for every row.
+      float w[MATS][COLS][kVec];
 #pragma unroll
       for (int m = 0; m < MATS; m++) {
-        dot[m] = 0.0f;
-      }
 #pragma unroll
-      for (int v = 0; v < kPerChunk / kVec; v++) {
-        Vec<T, kVec> xv = load_vec<T, kVec, ALIGNED>(xr + v * kVec);
+        for (int col = 0; col < COLS; col++) {
 #pragma unroll
-        for (int j = 0; j < kVec; j++) {
-          const float xf = to_f32(xv.v[j]);
-          xsum += xf;
-#pragma unroll
-          for (int m = 0; m < MATS; m++) {
-            dot[m] += xf * q[m][v * kVec + j];
+          for (int j = 0; j < kVec; j++) {
+            const int i = v * kVec + j;
+            const float q = static_cast<float>(
+                (words[m][col][i / kPerWord] >> (BITS * (i % kPerWord))) & kMask);
+            w[m][col][j] = scale[m][col] * q + bias[m][col];
           }
         }
       }
 #pragma unroll
-      for (int m = 0; m < MATS; m++) {
-        acc[m][r] += scale[m] * dot[m] + bias[m] * xsum;
+      for (int r = 0; r < ROWS; r++) {
+        if (r < rows) {
+          const Vec<T, kVec> xv =
+              load_vec<T, kVec, ALIGNED>(x + static_cast<size_t>(r) * k_len + k0 + v * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec; j++) {
+            const float xf = to_f32(xv.v[j]);
+#pragma unroll
+            for (int m = 0; m < MATS; m++) {
+#pragma unroll
+              for (int col = 0; col < COLS; col++) {
+                acc[m][col][r] += xf * w[m][col][j];
+              }
+            }
+          }
+        }
       }
     }
+  }
+}
+
+// Calls `body.template operator()<COLS, ROWS>()` with the shape of work
+// (quantized_matmul/cuda.cpp's qmv_columns mirrors it to size the grid)
+// for `rows` rows: one column per warp for a single row (the matrix is
+// spread over the most warps: bandwidth), more columns as rows grow (each
+// x element serves more columns: arithmetic). MAX_COLS caps the columns
+// (registers: MATS · COLS · ROWS accumulators).
+template <int MAX_COLS, typename Body>
+__device__ __forceinline__ void qmv_dispatch(int rows, Body&& body) {
+  constexpr int kCols4 = MAX_COLS < 4 ? MAX_COLS : 4;
+  if (rows <= 1) {
+    body.template operator()<1, 1>();
+  } else if (rows <= 2) {
+    body.template operator()<2, 2>();
+  } else if (rows <= 4) {
+    body.template operator()<kCols4, 4>();
+  } else {
+    body.template operator()<kCols4, kQmvMaxRows>();
   }
 }
 

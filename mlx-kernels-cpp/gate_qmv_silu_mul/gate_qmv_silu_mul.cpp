@@ -180,12 +180,13 @@ array gather_gate_qmv_silu_mul_op(
   }
   auto shape = indices.shape();
   shape.push_back(n);
-  return array(
-      shape,
-      x.dtype(),
-      std::make_shared<GateQmvSiluMulPrimitive>(
-          s, fallback, group_size, bits, activations, true),
-      inputs);
+  auto primitive =
+      std::make_shared<GateQmvSiluMulPrimitive>(s, fallback, group_size, bits, activations, true);
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
+        "gather_gate_qmv_silu_mul", gather_gate_qmv_silu_mul_cuda(group_size, bits), nullptr));
+  }
+  return array(shape, x.dtype(), primitive, inputs);
 }
 
 ArrayPtr kernel_gate_qmv_silu_mul(

@@ -1,5 +1,7 @@
 #include "quantized_matmul/cuda.h"
 
+#include <algorithm>
+
 #include "common/cuda_launch.h"
 #include "common/fallback_primitive.h"
 #include "mlx_backend_fatbins.h"
@@ -12,19 +14,32 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4; // kQmvWarpsPerBlock in common/qmv.cuh
 
-// One quantized projection (gate = false) or the gate/up pair.
+// Output columns per warp for `rows` rows of x: qmv_dispatch in
+// common/qmv.cuh, capped at 4 (plain) or 2 (gate/up pair).
+int qmv_columns(int rows, int max_cols) {
+  return rows <= 1 ? 1 : rows <= 2 ? 2 : std::min(max_cols, 4);
+}
+
+// Which projection a QmvCuda launches.
+enum class QmvForm {
+  Plain, // out = x·wᵀ
+  Gate, // out = silu(x·gateᵀ)·(x·upᵀ)
+  GatherGate, // Gate with each (row, k) pair's expert from indices
+};
+
 class QmvCuda : public GpuBody {
  public:
-  QmvCuda(KernelId id, bool gate, int group_size, int bits)
-      : GpuBody(id), gate_(gate), group_size_(group_size), bits_(bits) {}
+  QmvCuda(KernelId id, QmvForm form, int group_size, int bits)
+      : GpuBody(id), form_(form), group_size_(group_size), bits_(bits) {}
 
  protected:
   void enqueue(
       const mx::Stream& s,
       const std::vector<mx::array>& inputs,
       std::vector<mx::array>& outputs) override {
+    const bool gather = form_ == QmvForm::GatherGate;
     const auto& x = inputs[0];
-    const auto& scales = inputs[2];
+    const auto& scales = inputs[gather ? 3 : 2];
     int k_len = x.shape(-1);
     int rows = static_cast<int>(x.size() / k_len);
     int n_len = outputs[0].shape(-1);
@@ -33,10 +48,14 @@ class QmvCuda : public GpuBody {
     }
     allocate(outputs[0]);
     bool vec = aligned16(inputs) && aligned16(outputs);
-    std::string name = std::string(gate_ ? "mlx_backend_gate_qmv_" : "mlx_backend_qmv_") +
-        dtype_suffix(x.dtype()) + "_" + dtype_suffix(scales.dtype()) + "_b" + std::to_string(bits_);
+    const char* prefix = form_ == QmvForm::Plain ? "mlx_backend_qmv_"
+        : gather                                 ? "mlx_backend_gather_gate_qmv_"
+                                                 : "mlx_backend_gate_qmv_";
+    std::string name = std::string(prefix) + dtype_suffix(x.dtype()) + "_" +
+        dtype_suffix(scales.dtype()) + "_b" + std::to_string(bits_);
     CUfunction f = cuda_function(
-        s, gate_ ? fatbin::gate_qmv_silu_mul() : fatbin::quantized_matmul(), name);
+        s, form_ == QmvForm::Plain ? fatbin::quantized_matmul() : fatbin::gate_qmv_silu_mul(),
+        name);
     std::vector<const void*> in;
     for (const auto& a : inputs) {
       in.push_back(device_ptr(a));
@@ -48,19 +67,33 @@ class QmvCuda : public GpuBody {
       args.push_back(&p);
     }
     args.push_back(&out);
-    args.push_back(&rows);
+    // The expert-indexed form: one grid row per (row, k) pair.
+    int pairs = gather ? static_cast<int>(inputs[1].size()) : 1;
+    int top_k = gather && inputs[1].ndim() > 0 ? inputs[1].shape(-1) : 1;
+    int experts = gather ? inputs[2].shape(0) : 0;
+    if (gather) {
+      if (pairs > 65535) {
+        throw std::logic_error("gather qmv CUDA body: more (row, expert) pairs than a grid takes");
+      }
+      args.push_back(&top_k);
+      args.push_back(&experts);
+    } else {
+      args.push_back(&rows);
+    }
     args.push_back(&k_len);
     args.push_back(&n_len);
     args.push_back(&group_size);
     args.push_back(&vec);
-    if (rows > 0 && n_len > 0) {
-      dim3 grid((n_len + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    if (rows > 0 && n_len > 0 && pairs > 0) {
+      int cols = gather ? 1 : qmv_columns(rows, form_ == QmvForm::Plain ? 4 : 2);
+      int per_block = kWarpsPerBlock * cols;
+      dim3 grid((n_len + per_block - 1) / per_block, pairs);
       cuda_enqueue(s, f, grid, dim3(32 * kWarpsPerBlock), inputs, outputs, args);
     }
   }
 
  private:
-  bool gate_;
+  QmvForm form_;
   int group_size_;
   int bits_;
 };
@@ -68,11 +101,16 @@ class QmvCuda : public GpuBody {
 } // namespace
 
 std::shared_ptr<GpuBody> quantized_matmul_cuda(int group_size, int bits) {
-  return std::make_shared<QmvCuda>(KernelId::QuantizedMatmul, false, group_size, bits);
+  return std::make_shared<QmvCuda>(KernelId::QuantizedMatmul, QmvForm::Plain, group_size, bits);
 }
 
 std::shared_ptr<GpuBody> gate_qmv_silu_mul_cuda(int group_size, int bits) {
-  return std::make_shared<QmvCuda>(KernelId::GateQmvSiluMul, true, group_size, bits);
+  return std::make_shared<QmvCuda>(KernelId::GateQmvSiluMul, QmvForm::Gate, group_size, bits);
+}
+
+std::shared_ptr<GpuBody> gather_gate_qmv_silu_mul_cuda(int group_size, int bits) {
+  return std::make_shared<QmvCuda>(
+      KernelId::GateQmvSiluMul, QmvForm::GatherGate, group_size, bits);
 }
 
 } // namespace mlx_backend

@@ -19,23 +19,25 @@ __device__ void qmv(
     int k_len,
     int n_len,
     int group_size) {
-  const int n = blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32;
-  if (n >= n_len) {
-    return;
-  }
-  const QuantMatrix<P> mats[1] = {{w, scales, biases}};
-  float acc[1][kQmvMaxRows] = {};
-  qmv_lane<T, P, BITS, 1, ALIGNED>(x, mats, n, rows, k_len, group_size, acc);
+  qmv_dispatch<kQmvPlainMaxCols>(rows, [&]<int COLS, int ROWS>() {
+    const int n0 = (blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32) * COLS;
+    if (n0 >= n_len) {
+      return;
+    }
+    const QuantMatrix<P> mats[1] = {{w, scales, biases}};
+    float acc[1][COLS][ROWS] = {};
+    qmv_lane<T, P, BITS, 1, COLS, ROWS, ALIGNED>(x, mats, n0, n_len, rows, k_len, group_size, acc);
 #pragma unroll
-  for (int r = 0; r < kQmvMaxRows; r++) {
-    if (r >= rows) {
-      break;
+    for (int col = 0; col < COLS; col++) {
+#pragma unroll
+      for (int r = 0; r < ROWS; r++) {
+        float v = warp_sum(acc[0][col][r]);
+        if (threadIdx.x % 32 == 0 && r < rows && n0 + col < n_len) {
+          out[static_cast<size_t>(r) * n_len + n0 + col] = from_f32<T>(v);
+        }
+      }
     }
-    float v = warp_sum(acc[0][r]);
-    if (threadIdx.x % 32 == 0) {
-      out[static_cast<size_t>(r) * n_len + n] = from_f32<T>(v);
-    }
-  }
+  });
 }
 
 } // namespace

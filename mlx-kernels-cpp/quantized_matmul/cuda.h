@@ -19,4 +19,8 @@ std::shared_ptr<GpuBody> quantized_matmul_cuda(int group_size, int bits);
 // out = silu(x·gateᵀ)·(x·upᵀ); inputs x, gate w/scales/biases, up w/scales/biases.
 std::shared_ptr<GpuBody> gate_qmv_silu_mul_cuda(int group_size, int bits);
 
+// The expert-indexed form: inputs x, uint32 indices [..., top_k], stacked
+// gate and up w/scales/biases [E, N, ...]; out [..., top_k, N].
+std::shared_ptr<GpuBody> gather_gate_qmv_silu_mul_cuda(int group_size, int bits);
+
 } // namespace mlx_backend

@@ -11,7 +11,8 @@
 # kernels   the GPU kernel bench (benches/gpu_kernels.rs)
 # Reports and logs go to $OUT (the device tool returns it), else ./gpu-report.
 # Env: GPU_TESTS         only these test binaries (names without hash)
-#      GPU_TEST_TIMEOUT  seconds one test binary may take (default 150)
+#      GPU_TEST_TIMEOUT  seconds one test binary may take (default 300)
+#      GPU_TEST_JOBS     test binaries run at once on the one GPU (default 4)
 set -uo pipefail
 WHAT="${1:-all}"
 shift || true
@@ -55,20 +56,32 @@ fi
 } >"$REPORT"
 
 status=0
+# One test binary: its log, and a report row in $REPORT_DIR/rows/.
+run_test_binary() {
+  local t="$1" name start rc line
+  name="$(basename "$t")"
+  start=$SECONDS
+  # One slow binary must not take the whole call: GPU_TEST_TIMEOUT each.
+  timeout "${GPU_TEST_TIMEOUT:-300}" "$t" --test-threads=1 >"$REPORT_DIR/$name.log" 2>&1
+  rc=$?
+  line="$(grep -E '^test result:' "$REPORT_DIR/$name.log" | tail -1)"
+  echo "| ${name%-*} | rc=$rc ${line#test result: } | $((SECONDS - start)) |" >"$REPORT_DIR/rows/$name"
+  return $rc
+}
+export -f run_test_binary
+export REPORT_DIR
+
 if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   echo "| test binary | result | seconds |" >>"$REPORT"
   echo "| --- | --- | --- |" >>"$REPORT"
+  mkdir -p "$REPORT_DIR/rows"
   for t in "$APP"/deps/*; do
     name="$(basename "$t")"
     if [[ -n "${GPU_TESTS:-}" ]] && ! grep -qw "${name%-*}" <<<"$GPU_TESTS"; then continue; fi
-    start=$SECONDS
-    # One slow binary must not take the whole call: GPU_TEST_TIMEOUT each.
-    timeout "${GPU_TEST_TIMEOUT:-150}" "$t" --test-threads=1 >"$REPORT_DIR/$name.log" 2>&1
-    rc=$?
-    line="$(grep -E '^test result:' "$REPORT_DIR/$name.log" | tail -1)"
-    [[ $rc -ne 0 ]] && status=1
-    echo "| ${name%-*} | rc=$rc ${line#test result: } | $((SECONDS - start)) |" >>"$REPORT"
-  done
+    echo "$t"
+  done | xargs -P "${GPU_TEST_JOBS:-4}" -I{} bash -c 'run_test_binary "$1"' _ {} || status=1
+  sort "$REPORT_DIR"/rows/* >>"$REPORT" 2>/dev/null
+  rm -rf "$REPORT_DIR/rows"
   # The logs of failed binaries, in one file (the tool returns few files).
   grep -L -E "^test result: ok" "$REPORT_DIR"/*.log 2>/dev/null | while read -r f; do
     echo "=== $(basename "$f")"

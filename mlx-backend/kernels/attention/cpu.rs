@@ -2,9 +2,9 @@
 //! f32 with an online (flash-style) softmax over key tiles, so the scratch
 //! per task is `O(QUERY_BLOCK·D)` whatever S is.
 //!
-//! Rayon tasks are `(batch, head, block of QUERY_BLOCK query rows)`; inside
-//! a task four query rows at a time are scored against each key with one
-//! pass over the key (`simd::dot4`), and the values are accumulated with
+//! Units of work (on the CPU team) are `(batch, head, block of
+//! QUERY_BLOCK query rows)`; inside a unit four query rows at a time are
+//! scored against each key with one pass over the key (`simd::dot4`), and the values are accumulated with
 //! `simd::axpy`.
 
 use crate::kernels::cpu::team;

@@ -5,13 +5,20 @@
 //! Contract: `q [B, Hq, L, D]`, `k, v [B, Hkv, S, D]` of one float dtype,
 //! Hq a multiple of Hkv (grouped-query attention). Causal is lower-right
 //! aligned: query row `i` sees keys `0..=i + S - L`. Output `[B, Hq, L, D]`
-//! in q's dtype. Views (the KV cache's slices, the heads' transpose) are
-//! made dense before the kernel reads them.
+//! in q's dtype. Views with a dense head axis (the KV cache's slices, the
+//! heads' transpose) are read in place through their strides; other views
+//! are copied dense first.
 //!
-//! Eligibility for the CPU kernel: a CPU stream; f32 q, k and v; no array
-//! mask; `S ≥ max(L, 1)` when causal, `S ≥ 1` otherwise. Anything else
-//! builds MLX's `fast::scaled_dot_product_attention` (an array mask with
+//! Eligibility: no array mask; `S ≥ max(L, 1)` when causal, `S ≥ 1`
+//! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16 and
+//! head_dim ≤ 256. Anything else builds MLX's
+//! `fast::scaled_dot_product_attention` (an array mask with
 //! [`FallbackReason::UnsupportedMask`]).
+//!
+//! The CUDA body (`mlx-kernels-cpp/attention/cuda.cu`) computes one query
+//! row per block, its warps taking interleaved keys with an online softmax
+//! in f32 that is merged at the end; it serves decode (one row over each
+//! request's cache) and causal prefill alike.
 
 pub(crate) mod cpu;
 
@@ -23,20 +30,30 @@ use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{scaled_dot_product_attention, stream, AttentionMask};
 
-/// On by default: see README.md, "Kernels", for the benchmark.
+/// On by default: docs/performance.md has the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
+/// The largest head_dim the CUDA body takes (`kCudaAttentionMaxHeadDim`).
+const CUDA_MAX_HEAD_DIM: i32 = 256;
+
 fn eligibility(
-    _backend: Backend,
+    backend: Backend,
     q: &Array,
     k: &Array,
     v: &Array,
     mask: &AttentionMask<'_>,
 ) -> Result<(), FallbackReason> {
-    if [q, k, v].iter().any(|a| a.dtype() != Dtype::F32) {
+    let dtype_ok = |t: Dtype| match backend {
+        Backend::Cpu => t == Dtype::F32,
+        _ => matches!(t, Dtype::F32 | Dtype::F16 | Dtype::BF16),
+    };
+    if [q, k, v].iter().any(|a| !dtype_ok(a.dtype())) {
         return Err(FallbackReason::UnsupportedDtype);
     }
     let (qs, ks) = (q.shape(), k.shape());
+    if backend == Backend::Cuda && qs.len() == 4 && qs[3] > CUDA_MAX_HEAD_DIM {
+        return Err(FallbackReason::UnsupportedShape);
+    }
     match mask {
         AttentionMask::Array(_) => Err(FallbackReason::UnsupportedMask),
         // Malformed shapes go to the fused op's contract check, which names them.

@@ -40,7 +40,7 @@ use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{stream, Quantized};
 
-/// On by default: see README.md, "Kernels", for the benchmark.
+/// On by default: docs/performance.md has the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// Most caches (keys and values arrays) one node takes: see

@@ -386,8 +386,8 @@ const TEAM_MAX_ROWS: usize = 32;
 /// Each `(rows, x, gate, up)` job writes output rows `rows` (x row `i`
 /// of the job to `out[rows[i]]`), in units of [`TEAM_COLS`] output
 /// columns taken by the members ([`team::for_units`]), so one team job
-/// covers all experts. Rayon cut a decode row into 16-column tasks (88 per
-/// expert at N = 1408), each as short as its scheduling. Units, not fixed
+/// covers all experts (a task per few columns would cost as much to
+/// schedule as to compute at decode sizes). Units, not fixed
 /// shares, because a helper that has parked (after a pause of more than a
 /// few ms) can take milliseconds to wake on a VM: the caller then takes its
 /// units and does not wait for it.

@@ -10,9 +10,11 @@
 //! dims give `[..., top_k, N]`. Rounding follows the unfused graph
 //! (each projection, the sigmoid, silu and the product round to x's dtype).
 //!
-//! Eligibility for the CPU kernel: a CPU stream; x, scales and biases of one
-//! dtype (f16/bf16/f32), or f32 x with f16/bf16 scales and biases (the
-//! result is then f32, as MLX promotes); 4 or 8 bits. Other valid quantizations (e.g.
+//! Eligibility: x, scales and biases of one dtype (f16/bf16/f32), or f32 x
+//! with f16/bf16 scales and biases (the result is then f32, as MLX
+//! promotes); 4 or 8 bits. The CUDA bodies (dense and expert-indexed) also
+//! need groups of 32, 64 or 128, K a multiple of 32 and at most 8 rows of x
+//! (decode-size batches; MLX's tensor-core qmm serves larger ones). Other valid quantizations (e.g.
 //! 3-bit) build the fallback: `quantized_matmul` (dense) or `gather_qmm`
 //! with `rhs_indices` (expert-indexed), then `silu(g) * u`.
 //!
@@ -32,7 +34,7 @@ use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{stream, Quantized};
 
-/// On by default: see README.md, "Kernels", for the benchmark.
+/// On by default: docs/performance.md has the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
 fn eligibility(
@@ -57,17 +59,20 @@ fn eligibility(
     quantized_shape_eligibility(backend, x, gate.group_size)
 }
 
-/// The expert-indexed form has a CPU body only.
+/// The expert-indexed form: the dense form's limits, and (on CUDA) one
+/// grid row per (row, expert) pair.
 fn gather_eligibility(
     backend: Backend,
     x: &Array,
+    indices: &Array,
     gate: &Quantized,
     up: &Quantized,
 ) -> Result<(), FallbackReason> {
-    if backend != Backend::Cpu {
+    eligibility(backend, x, gate, up)?;
+    if backend == Backend::Cuda && indices.size() > 65535 {
         return Err(FallbackReason::UnsupportedShape);
     }
-    eligibility(backend, x, gate, up)
+    Ok(())
 }
 
 fn check_shared_params(gate: &Quantized, up: &Quantized) -> Result<(), OpError> {
@@ -143,7 +148,7 @@ pub fn gather_gate_qmv_silu_mul_with(
     check_shared_params(gate, up)?;
     build(
         Kernel::GateQmvSiluMul,
-        |b| gather_eligibility(b, x, gate, up),
+        |b| gather_eligibility(b, x, indices, gate, up),
         |fused| {
             ffi::kernel_gather_gate_qmv_silu_mul(
                 x.inner(),

@@ -20,7 +20,7 @@ use crate::error::OpError;
 use crate::ffi;
 use crate::ops::stream;
 
-/// On by default: see README.md, "Kernels", for the benchmark.
+/// On by default: docs/performance.md has the benchmark.
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// The CUDA body keeps each row's top-k weights in shared memory.
