@@ -4,8 +4,8 @@
 //!
 //! Units of work (on the CPU team) are `(batch, head, block of
 //! QUERY_BLOCK query rows)`; inside a unit four query rows at a time are
-//! scored against each key with one pass over the key (`simd::dot4`), and the values are accumulated with
-//! `simd::axpy`.
+//! scored against each key with one pass over the key (`simd::dot4`), and
+//! the values are accumulated with `simd::axpy`.
 
 use crate::kernels::cpu::team;
 
