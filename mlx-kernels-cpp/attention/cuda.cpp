@@ -2,7 +2,6 @@
 
 #include "common/cuda_launch.h"
 #include "common/fallback_primitive.h"
-#include "mlx/backend/gpu/copy.h"
 #include "mlx_backend_fatbins.h"
 
 namespace mx = mlx::core;
@@ -13,25 +12,13 @@ namespace {
 
 constexpr int kWarps = 4; // kWarps in attention/cuda.cu
 
-// Batch, head and row strides in elements, as the kernel takes them.
+// Batch, head, row and element strides in elements, as the kernel takes them.
 struct Strides {
-  long long batch, head, row;
+  long long batch, head, row, elem;
 };
 
 Strides strides_of(const mx::array& a) {
-  return {a.strides(0), a.strides(1), a.strides(2)};
-}
-
-// Whether the kernel can read `a` through its strides: the head axis dense
-// and no negative stride (MLX's slices, transposes and the KV cache's views
-// qualify).
-bool rows_dense(const mx::array& a) {
-  for (auto st : a.strides()) {
-    if (st < 0) {
-      return false;
-    }
-  }
-  return a.shape(3) <= 1 || a.strides(3) == 1;
+  return {a.strides(0), a.strides(1), a.strides(2), a.strides(3)};
 }
 
 class AttentionCuda : public GpuBody {
@@ -44,17 +31,8 @@ class AttentionCuda : public GpuBody {
       const mx::Stream& s,
       const std::vector<mx::array>& inputs,
       std::vector<mx::array>& outputs) override {
-    // Views the kernel cannot read in place (a strided head axis) are
-    // copied on the stream first, as MLX's own kernels do.
-    std::vector<mx::array> in;
-    for (const auto& a : inputs) {
-      if (rows_dense(a)) {
-        in.push_back(a);
-      } else {
-        in.push_back(mx::contiguous_copy_gpu(a, s));
-        keep_until_done(s, in.back());
-      }
-    }
+    // Every view (slices, transposes, broadcasts) is read in place.
+    const auto& in = inputs;
     const auto& q = in[0];
     const auto& k = in[1];
     int b = q.shape(0), hq = q.shape(1), l_len = q.shape(2), d = q.shape(3);

@@ -7,8 +7,8 @@
 // states are merged through shared memory at the end. A lane holds head
 // elements lane, lane + 32, ... of q and of its accumulator, so every key
 // and value row is read as whole coalesced warp loads; q, k and v are read
-// in place through their batch, head and row strides (the KV cache's slices
-// and the heads' transpose need no copy).
+// in place through their strides (the KV cache's slices and the heads'
+// transpose need no copy; any other view works too, less coalesced).
 #include "common/cuda_common.cuh"
 
 using namespace mlx_backend_cuda;
@@ -20,7 +20,7 @@ constexpr int kWarps = 4;
 constexpr int kMaxPerLane = 8;
 
 struct Strides {
-  long long batch, head, row;
+  long long batch, head, row, elem;
 };
 
 template <typename T, int PER_LANE>
@@ -57,7 +57,7 @@ __device__ void attend_row(
 #pragma unroll
   for (int t = 0; t < PER_LANE; t++) {
     const int e = lane + 32 * t;
-    qv[t] = e < d ? to_f32(qr[e]) * scale : 0.0f;
+    qv[t] = e < d ? to_f32(qr[e * qs.elem]) * scale : 0.0f;
     acc[t] = 0.0f;
   }
   float m = -INFINITY;
@@ -69,7 +69,7 @@ __device__ void attend_row(
     for (int t = 0; t < PER_LANE; t++) {
       const int e = lane + 32 * t;
       if (e < d) {
-        dot += qv[t] * to_f32(kr[e]);
+        dot += qv[t] * to_f32(kr[e * ks.elem]);
       }
     }
     const float s = warp_sum(dot);
@@ -82,7 +82,7 @@ __device__ void attend_row(
     for (int t = 0; t < PER_LANE; t++) {
       const int e = lane + 32 * t;
       if (e < d) {
-        acc[t] = acc[t] * corr + p * to_f32(vr[e]);
+        acc[t] = acc[t] * corr + p * to_f32(vr[e * vs.elem]);
       }
     }
     m = m_new;

@@ -33,10 +33,6 @@ void cuda_enqueue(
     std::vector<void*> args,
     unsigned shared_bytes = 0);
 
-// Keeps `a` (a copy made inside eval_gpu) alive until the stream's work
-// that reads it has run.
-void keep_until_done(const mlx::core::Stream& s, const mlx::core::array& a);
-
 // The device address of an array's first element.
 const void* device_ptr(const mlx::core::array& a);
 void* device_ptr_mut(mlx::core::array& a);

@@ -7,7 +7,8 @@
 //! aligned: query row `i` sees keys `0..=i + S - L`. Output `[B, Hq, L, D]`
 //! in q's dtype. Views with a dense head axis (the KV cache's slices, the
 //! heads' transpose) are read in place through their strides; other views
-//! are copied dense first.
+//! are copied dense first on the CPU and read through all four strides on
+//! CUDA.
 //!
 //! Eligibility: no array mask; `S ≥ max(L, 1)` when causal, `S ≥ 1`
 //! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16 and
