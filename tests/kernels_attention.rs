@@ -4,9 +4,25 @@
 mod kernels_common;
 
 use kernels_common::{assert_fallback_counted, fused_expected, normal, on_each_device, Tally};
-use mlx_backend::kernels::{attention, registry, Backend, FallbackReason, Kernel};
+use mlx_backend::kernels::{
+    attention, registry, Backend, FallbackReason, Kernel, CUDA_ATTENTION_MAX_HEAD_DIM,
+    CUDA_ATTENTION_MAX_QUERIES,
+};
 use mlx_backend::ops::AttentionMask;
 use mlx_backend::{Array, Dtype};
+
+/// The CUDA body's limits (head_dim, query rows per head); `Ok(())` on
+/// other backends.
+fn cuda_limit(q: &Array) -> Result<(), FallbackReason> {
+    let s = q.shape();
+    if Backend::current() == Backend::Cuda
+        && (s[3] > CUDA_ATTENTION_MAX_HEAD_DIM || s[2] > CUDA_ATTENTION_MAX_QUERIES)
+    {
+        Err(FallbackReason::UnsupportedShape)
+    } else {
+        Ok(())
+    }
+}
 
 /// `softmax(q·kᵀ·scale)·v` in f64; causal is lower-right aligned.
 fn reference(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> Vec<f64> {
@@ -83,7 +99,7 @@ fn matches_f64_reference() {
                                 AttentionMask::None
                             };
                             let got = attention(&q, &k, &v, scale, mask).unwrap();
-                            tally.record(Ok(()));
+                            tally.record(cuda_limit(&q));
                             assert_eq!(got.shape(), vec![1, hq, l, d]);
                             let want = reference(&q, &k, &v, scale, causal);
                             let got = got.to_vec::<f32>().unwrap();
@@ -107,12 +123,17 @@ fn matches_f64_reference() {
 #[test]
 fn agrees_with_mlx_sdpa() {
     on_each_device(|_dev| {
-        let (q, k, v) = inputs(9, 3, 33, 40, 64, 7500);
-        for mask in [AttentionMask::Causal, AttentionMask::None] {
-            let got = attention(&q, &k, &v, 0.125, mask).unwrap();
-            let want =
-                mlx_backend::ops::scaled_dot_product_attention(&q, &k, &v, 0.125, mask).unwrap();
-            assert!(kernels_common::norm_rel_err(&got, &want) < 1e-5);
+        for (l, s) in [(1, 700), (3, 40), (33, 40)] {
+            let (q, k, v) = inputs(9, 3, l, s, 64, 7500 + l as u64);
+            for mask in [AttentionMask::Causal, AttentionMask::None] {
+                let got = attention(&q, &k, &v, 0.125, mask).unwrap();
+                let want = mlx_backend::ops::scaled_dot_product_attention(&q, &k, &v, 0.125, mask)
+                    .unwrap();
+                assert!(
+                    kernels_common::norm_rel_err(&got, &want) < 1e-5,
+                    "l {l} s {s}"
+                );
+            }
         }
     });
 }
@@ -183,7 +204,7 @@ fn half_precision_wide_heads_and_strided_views() {
                 let fused = registry::stats(Kernel::Attention).fused > before.fused;
                 let takes = match Backend::current() {
                     Backend::Cpu => dtype == Dtype::F32,
-                    _ => fused_expected(Kernel::Attention),
+                    _ => fused_expected(Kernel::Attention) && cuda_limit(&qh).is_ok(),
                 };
                 assert_eq!(fused, takes, "{dtype:?} d {d}: fused {fused}");
                 let got = got.to_f32_vec().unwrap();
@@ -209,9 +230,10 @@ fn half_precision_wide_heads_and_strided_views() {
     });
 }
 
-/// Past the CUDA body's widest head (256): MLX's op there, counted.
+/// Past the CUDA body's widest head (256) and its most query rows: MLX's
+/// op there, counted.
 #[test]
-fn heads_wider_than_the_cuda_body_fall_back_there() {
+fn shapes_past_the_cuda_body_fall_back_there() {
     on_each_device(|_dev| {
         let (q, k, v) = inputs(2, 1, 3, 5, 320, 8100);
         let before = registry::stats(Kernel::Attention);
@@ -220,6 +242,16 @@ fn heads_wider_than_the_cuda_body_fall_back_there() {
             assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedShape);
         }
         let want = reference(&q, &k, &v, 0.05, true);
+        for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+            assert!((*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0));
+        }
+        let (q, k, v) = inputs(2, 1, CUDA_ATTENTION_MAX_QUERIES + 1, 12, 64, 8200);
+        let before = registry::stats(Kernel::Attention);
+        let got = attention(&q, &k, &v, 0.125, AttentionMask::Causal).unwrap();
+        if Backend::current() == Backend::Cuda {
+            assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedShape);
+        }
+        let want = reference(&q, &k, &v, 0.125, true);
         for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
             assert!((*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0));
         }

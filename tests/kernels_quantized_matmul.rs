@@ -4,8 +4,8 @@
 mod kernels_common;
 
 use kernels_common::{
-    assert_fallback_counted, cuda_qmv_limit, fused_expected, norm_rel_err, normal, on_each_device,
-    Tally,
+    assert_fallback_counted, cuda_qmv_limit, eval_or_note_mlx_failure, fused_expected,
+    norm_rel_err, normal, on_cpu, on_each_device, Tally,
 };
 use mlx_backend::kernels::{quantized_matmul, registry, Backend, FallbackReason, Kernel};
 use mlx_backend::ops::{quantize, Quantized};
@@ -55,23 +55,11 @@ fn matches_mlx_quantized_matmul() {
                         let got = quantized_matmul(&x, &w).unwrap();
                         let limit = cuda_qmv_limit(&x, group);
                         tally.record(limit);
-                        if let Err(e) = got.eval() {
-                            // MLX 0.32.4's own CUDA quantized_matmul rejects
-                            // some shapes (docs/gpu.md): where the op fell
-                            // back to it on a GPU, say so and go on; a body
-                            // of ours must never fail.
-                            let backend = Backend::current();
-                            if backend != Backend::Cpu
-                                && !(fused_expected(Kernel::QuantizedMatmul) && limit.is_ok())
-                            {
-                                eprintln!(
-                                    "MLX's quantized_matmul failed on {backend} for {case}: {e}"
-                                );
-                                continue;
-                            }
-                            panic!("{case}: {e}");
+                        if !eval_or_note_mlx_failure(Kernel::QuantizedMatmul, &got, limit, &case) {
+                            continue;
                         }
-                        let want = f32_reference(&x, &w);
+                        // The reference on the CPU (MLX's own CUDA qmm rejects some shapes).
+                        let want = on_cpu(|| f32_reference(&x, &w));
                         want.eval()
                             .unwrap_or_else(|e| panic!("{case}, the reference: {e}"));
                         assert_eq!(got.shape(), want.shape());

@@ -43,17 +43,17 @@ fn evaluated_cycles_do_not_leak() {
     let _guard = SERIAL.lock().unwrap();
     let mut rng = Rng::new(81);
     cycle(&mut rng, 0);
-    let baseline = memory::active_memory();
+    let baseline = settled_active_memory();
     // The measure sees live arrays.
     let held = rng.array(&[1024]).1.exp().unwrap();
     held.eval().unwrap();
-    assert!(memory::active_memory() >= baseline + 4096);
+    assert!(settled_active_memory() >= baseline + 4096);
     drop(held);
-    assert_eq!(memory::active_memory(), baseline);
+    assert_eq!(settled_active_memory(), baseline);
     for i in 1..=CYCLES {
         cycle(&mut rng, i);
     }
-    assert_eq!(memory::active_memory(), baseline, "after {CYCLES} cycles");
+    assert_eq!(settled_active_memory(), baseline, "after {CYCLES} cycles");
 }
 
 #[test]
@@ -61,7 +61,7 @@ fn dropped_unevaluated_graphs_do_not_leak() {
     let _guard = SERIAL.lock().unwrap();
     let mut rng = Rng::new(82);
     cycle(&mut rng, 0);
-    let baseline = memory::active_memory();
+    let baseline = settled_active_memory();
     for i in 1..=CYCLES {
         let (out, noise) = build(&mut rng, i);
         // Half the time evaluate part of the graph, then drop the rest unevaluated.
@@ -71,7 +71,7 @@ fn dropped_unevaluated_graphs_do_not_leak() {
         drop((out, noise));
     }
     assert_eq!(
-        memory::active_memory(),
+        settled_active_memory(),
         baseline,
         "after {CYCLES} dropped graphs"
     );
@@ -82,7 +82,7 @@ fn failed_ops_and_evals_do_not_leak() {
     let _guard = SERIAL.lock().unwrap();
     let mut rng = Rng::new(83);
     cycle(&mut rng, 0);
-    let baseline = memory::active_memory();
+    let baseline = settled_active_memory();
     for _ in 0..1000 {
         let (_, a) = rng.array(&[4, 8]);
         assert!(a.matmul(&a).is_err());
@@ -94,5 +94,5 @@ fn failed_ops_and_evals_do_not_leak() {
             .eval()
             .is_err());
     }
-    assert_eq!(memory::active_memory(), baseline, "after failed calls");
+    assert_eq!(settled_active_memory(), baseline, "after failed calls");
 }

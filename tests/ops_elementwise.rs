@@ -206,7 +206,11 @@ fn astype_between_kinds() {
     // float -> int truncates toward zero, as a C cast does.
     let ints = a.astype(Dtype::I32).unwrap().to_vec::<i32>().unwrap();
     assert_eq!(ints, x.iter().map(|&v| v as i32).collect::<Vec<_>>());
-    let doubles = a.astype(Dtype::F64).unwrap().to_vec::<f64>().unwrap();
+    // float64 exists on the CPU only (MLX has none on the GPU).
+    let doubles = mlx_backend::Device::Cpu
+        .default_stream()
+        .unwrap()
+        .scope(|| a.astype(Dtype::F64).unwrap().to_vec::<f64>().unwrap());
     assert_eq!(doubles, to_f64(&x));
     let bools = a.astype(Dtype::Bool).unwrap().to_vec::<bool>().unwrap();
     assert_eq!(bools, x.iter().map(|&v| v != 0.0).collect::<Vec<_>>());

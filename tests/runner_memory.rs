@@ -3,6 +3,7 @@
 //! beside it.
 
 mod common;
+use common::settled_active_memory;
 
 use common::tiny::{runner, tokens};
 use mlx_backend::runner::*;
@@ -38,12 +39,12 @@ fn request_lifecycles_leave_memory_at_baseline() {
     }
     r.clear_pool();
     mlx_backend::memory::clear_cache();
-    let baseline = mlx_backend::memory::active_memory();
+    let baseline = settled_active_memory();
     for i in 0..1000 {
         cycle(&mut r, 100 + i);
     }
     r.clear_pool();
     mlx_backend::memory::clear_cache();
-    assert_eq!(mlx_backend::memory::active_memory(), baseline);
+    assert_eq!(settled_active_memory(), baseline);
     assert_eq!(r.metrics().active_requests, 0);
 }

@@ -26,7 +26,7 @@ pub mod registry;
 pub mod rms_norm;
 
 pub use activation::ActivationPrecision;
-pub use attention::attention;
+pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, CUDA_ATTENTION_MAX_QUERIES};
 pub use backend::{has_body, Backend};
 pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};
 pub use gate_qmv_silu_mul::{
@@ -61,8 +61,8 @@ fn build<R>(
 }
 
 /// The most rows of x the CUDA quantized bodies take (decode batches);
-/// more rows build MLX's quantized matmul, which uses the tensor cores.
-pub const CUDA_QMV_MAX_ROWS: usize = 8;
+/// from 5 rows on, MLX's own quantized matmul is faster (docs/performance.md).
+pub const CUDA_QMV_MAX_ROWS: usize = 4;
 
 /// The shapes the CUDA quantized bodies (`common/qmv.cuh`) cover: at most
 /// [`CUDA_QMV_MAX_ROWS`] rows of x, K a multiple of 32 (whole 16-byte

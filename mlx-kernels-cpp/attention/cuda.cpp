@@ -1,5 +1,7 @@
 #include "attention/cuda.h"
 
+#include <algorithm>
+
 #include "common/cuda_launch.h"
 #include "common/fallback_primitive.h"
 #include "mlx_backend_fatbins.h"
@@ -19,6 +21,21 @@ struct Strides {
 
 Strides strides_of(const mx::array& a) {
   return {a.strides(0), a.strides(1), a.strides(2), a.strides(3)};
+}
+
+// Blocks per row along the keys: enough for about two blocks per SM of an
+// H100/H200-sized GPU (132 SMs) when the rows alone are too few (decode),
+// each block keeping at least 256 keys (64 per warp); 1 for prefill.
+int key_splits(int rows, int s_len) {
+  constexpr int kTargetBlocks = 264;
+  constexpr int kMinKeys = 256;
+  constexpr int kMaxSplits = 64;
+  if (rows >= kTargetBlocks) {
+    return 1;
+  }
+  int by_keys = (s_len + kMinKeys - 1) / kMinKeys;
+  int by_rows = (kTargetBlocks + rows - 1) / rows;
+  return std::max(1, std::min({by_keys, by_rows, kMaxSplits}));
 }
 
 class AttentionCuda : public GpuBody {
@@ -42,8 +59,11 @@ class AttentionCuda : public GpuBody {
     }
     auto& out = outputs[0];
     allocate(out);
-    std::string name = std::string("mlx_backend_attention_") + dtype_suffix(q.dtype());
-    CUfunction f = cuda_function(s, fatbin::attention(), name);
+    if (out.size() == 0) {
+      return;
+    }
+    const char* dt = dtype_suffix(q.dtype());
+    CUfunction attend = cuda_function(s, fatbin::attention(), std::string("mlx_backend_attention_") + dt);
     const void* qp = device_ptr(in[0]);
     const void* kp = device_ptr(in[1]);
     const void* vp = device_ptr(in[2]);
@@ -51,11 +71,32 @@ class AttentionCuda : public GpuBody {
     Strides qs = strides_of(in[0]), ks = strides_of(in[1]), vs = strides_of(in[2]);
     float scale = scale_;
     bool causal = causal_;
-    if (out.size() > 0) {
+    int splits = key_splits(b * hq * l_len, s_len);
+    if (splits == 1) {
+      void* partials = nullptr;
       cuda_enqueue(
-          s, f, dim3(l_len, hq, b), dim3(32 * kWarps), in, outputs,
-          {&qp, &kp, &vp, &op, &qs, &ks, &vs, &hq, &hkv, &l_len, &s_len, &d, &scale, &causal});
+          s, attend, dim3(l_len, hq, b), dim3(32 * kWarps), in, outputs,
+          {&qp, &kp, &vp, &op, &partials, &qs, &ks, &vs, &hq, &hkv, &l_len, &s_len, &d, &scale,
+           &causal, &splits});
+      return;
     }
+    // Two passes: each (row, split) block writes its partial state, then
+    // one block per row merges them.
+    std::vector<mx::array> parts{mx::array(
+        {b * hq * l_len * splits * (d + 2)}, mx::float32, nullptr, {})};
+    allocate(parts[0]);
+    keep_until_done(s, parts[0]);
+    void* pp = device_ptr_mut(parts[0]);
+    cuda_enqueue(
+        s, attend, dim3(l_len * splits, hq, b), dim3(32 * kWarps), in, parts,
+        {&qp, &kp, &vp, &op, &pp, &qs, &ks, &vs, &hq, &hkv, &l_len, &s_len, &d, &scale, &causal,
+         &splits});
+    const void* pc = device_ptr(parts[0]);
+    CUfunction merge =
+        cuda_function(s, fatbin::attention(), std::string("mlx_backend_attention_merge_") + dt);
+    cuda_enqueue(
+        s, merge, dim3(l_len, hq, b), dim3(32 * kWarps), parts, outputs,
+        {&pc, &op, &hq, &l_len, &d, &splits});
   }
 
  private:

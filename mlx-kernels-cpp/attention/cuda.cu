@@ -4,7 +4,11 @@
 // backend/cuda/scaled_dot_product_attention.cu (sdpa_vector): the block's
 // warps take interleaved keys, each keeps an online softmax (running max,
 // running sum, the weighted sum of values) in f32, and the warps' partial
-// states are merged through shared memory at the end. A lane holds head
+// states are merged through shared memory at the end. When there are few
+// rows (decode) and many keys, the keys are also split over several blocks
+// per row (MLX's sdpa_vector_2pass, "flash decoding"): each block writes
+// its partial state (max, sum, unnormalised output) in f32 and a second
+// kernel merges a row's partials. A lane holds head
 // elements lane, lane + 32, ... of q and of its accumulator, so every key
 // and value row is read as whole coalesced warp loads; q, k and v are read
 // in place through their strides (the KV cache's slices and the heads'
@@ -23,12 +27,19 @@ struct Strides {
   long long batch, head, row, elem;
 };
 
+// A row's partial state as the first pass leaves it: max, sum, then the
+// unnormalised output (head_dim floats).
+__device__ __forceinline__ float* partial_of(float* partials, long long row_index, int split, int splits, int d) {
+  return partials + (row_index * splits + split) * (d + 2);
+}
+
 template <typename T, int PER_LANE>
 __device__ void attend_row(
     const T* q,
     const T* k,
     const T* v,
     T* out,
+    float* partials,
     Strides qs,
     Strides ks,
     Strides vs,
@@ -38,15 +49,21 @@ __device__ void attend_row(
     int s_len,
     int d,
     float scale,
-    bool causal) {
-  const int row = blockIdx.x;
+    bool causal,
+    int splits) {
+  const int row = blockIdx.x / splits;
+  const int split = blockIdx.x % splits;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int kv_head = head / (hq / hkv);
-  // Keys 0..=last are visible to this row.
+  // Keys 0..=last are visible to this row; this block takes its split's
+  // share of them.
   const int last = causal ? row + s_len - l_len : s_len - 1;
+  const int per_split = (last + splits) / splits;
+  const int first_key = split * per_split;
+  const int end_key = min(last + 1, first_key + per_split);
 
   const T* qr = q + batch * qs.batch + head * qs.head + row * qs.row;
   const T* kb = k + batch * ks.batch + kv_head * ks.head;
@@ -62,7 +79,7 @@ __device__ void attend_row(
   }
   float m = -INFINITY;
   float l = 0.0f;
-  for (int j = warp; j <= last; j += kWarps) {
+  for (int j = first_key + warp; j < end_key; j += kWarps) {
     const T* kr = kb + j * ks.row;
     float dot = 0.0f;
 #pragma unroll
@@ -114,13 +131,60 @@ __device__ void attend_row(
     weight[w] = maxes[w] == -INFINITY ? 0.0f : __expf(maxes[w] - big);
     total += sums[w] * weight[w];
   }
+  const long long row_index = (static_cast<long long>(batch) * hq + head) * l_len + row;
+  if (splits > 1) {
+    float* part = partial_of(partials, row_index, split, splits, d);
+    if (threadIdx.x == 0) {
+      part[0] = big;
+      part[1] = total;
+    }
+    for (int e = threadIdx.x; e < d; e += blockDim.x) {
+      float o = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; w++) {
+        o += partial[w][e] * weight[w];
+      }
+      part[2 + e] = o;
+    }
+    return;
+  }
   const float inv = 1.0f / total;
-  T* orow = out + ((static_cast<long long>(batch) * hq + head) * l_len + row) * d;
+  T* orow = out + row_index * d;
   for (int e = threadIdx.x; e < d; e += blockDim.x) {
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; w++) {
       o += partial[w][e] * weight[w];
+    }
+    orow[e] = from_f32<T>(o * inv);
+  }
+}
+
+// The second pass: out = Σ_s acc_s·e^(m_s - M) / Σ_s l_s·e^(m_s - M) over a
+// row's splits (a split that saw no key has m = -inf and weighs nothing).
+template <typename T>
+__device__ void merge_splits(const float* partials, T* out, int hq, int l_len, int d, int splits) {
+  const long long row_index =
+      (static_cast<long long>(blockIdx.z) * hq + blockIdx.y) * l_len + blockIdx.x;
+  const float* first = partials + row_index * splits * (d + 2);
+  float big = -INFINITY;
+  for (int s = 0; s < splits; s++) {
+    big = fmaxf(big, first[s * (d + 2)]);
+  }
+  float total = 0.0f;
+  for (int s = 0; s < splits; s++) {
+    const float m = first[s * (d + 2)];
+    total += m == -INFINITY ? 0.0f : first[s * (d + 2) + 1] * __expf(m - big);
+  }
+  const float inv = 1.0f / total;
+  T* orow = out + row_index * d;
+  for (int e = threadIdx.x; e < d; e += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < splits; s++) {
+      const float m = first[s * (d + 2)];
+      if (m != -INFINITY) {
+        o += first[s * (d + 2) + 2 + e] * __expf(m - big);
+      }
     }
     orow[e] = from_f32<T>(o * inv);
   }
@@ -132,6 +196,7 @@ __device__ void attend(
     const T* k,
     const T* v,
     T* out,
+    float* partials,
     Strides qs,
     Strides ks,
     Strides vs,
@@ -141,21 +206,22 @@ __device__ void attend(
     int s_len,
     int d,
     float scale,
-    bool causal) {
+    bool causal,
+    int splits) {
   // Elements per lane, the fewest that cover head_dim.
   switch ((d + 31) / 32) {
     case 1:
-      attend_row<T, 1>(q, k, v, out, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal);
+      attend_row<T, 1>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
       break;
     case 2:
-      attend_row<T, 2>(q, k, v, out, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal);
+      attend_row<T, 2>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
       break;
     case 3:
     case 4:
-      attend_row<T, 4>(q, k, v, out, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal);
+      attend_row<T, 4>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
       break;
     default:
-      attend_row<T, kMaxPerLane>(q, k, v, out, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal);
+      attend_row<T, kMaxPerLane>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
       break;
   }
 }
@@ -164,9 +230,15 @@ __device__ void attend(
 
 #define ATTENTION_KERNEL(S, T)                                                                  \
   extern "C" __global__ void __launch_bounds__(kWarps * 32) mlx_backend_attention_##S(          \
-      const T* q, const T* k, const T* v, T* out, Strides qs, Strides ks, Strides vs, int hq,  \
-      int hkv, int l_len, int s_len, int d, float scale, bool causal) {                        \
-    attend<T>(q, k, v, out, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal);              \
+      const T* q, const T* k, const T* v, T* out, float* partials, Strides qs, Strides ks,     \
+      Strides vs, int hq, int hkv, int l_len, int s_len, int d, float scale, bool causal,      \
+      int splits) {                                                                            \
+    attend<T>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal,     \
+              splits);                                                                         \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(kWarps * 32) mlx_backend_attention_merge_##S(    \
+      const float* partials, T* out, int hq, int l_len, int d, int splits) {                   \
+    merge_splits<T>(partials, out, hq, l_len, d, splits);                                      \
   }
 
 ATTENTION_KERNEL(f32, float)

@@ -103,6 +103,10 @@ void cuda_enqueue(
   encoder.add_kernel_node_raw(f, grid, block, dim3(), shared_bytes, args.data());
 }
 
+void keep_until_done(const mx::Stream& s, const mx::array& a) {
+  mx::cu::get_command_encoder(s).add_temporary(a);
+}
+
 const void* device_ptr(const mx::array& a) {
   return mx::gpu_ptr<void>(a);
 }

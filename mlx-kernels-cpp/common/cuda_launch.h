@@ -20,8 +20,8 @@ namespace mlx_backend {
 // The kernel `name` of `fatbin`, loaded on the stream's device.
 CUfunction cuda_function(const mlx::core::Stream& s, std::string_view fatbin, const std::string& name);
 
-// Allocates `outputs`, registers inputs and outputs with the stream's
-// encoder and enqueues `f` with `args` (pointers to each argument, in the
+// Registers inputs and outputs (allocated by the caller) with the stream's
+// encoder, which orders the graph's nodes by them, and enqueues `f` with `args` (pointers to each argument, in the
 // kernel's parameter order).
 void cuda_enqueue(
     const mlx::core::Stream& s,
@@ -32,6 +32,10 @@ void cuda_enqueue(
     std::vector<mlx::core::array>& outputs,
     std::vector<void*> args,
     unsigned shared_bytes = 0);
+
+// Keeps `a` (an intermediate allocated inside eval_gpu) alive until the
+// stream's work that uses it has run.
+void keep_until_done(const mlx::core::Stream& s, const mlx::core::array& a);
 
 // The device address of an array's first element.
 const void* device_ptr(const mlx::core::array& a);

@@ -7,15 +7,23 @@
 // weight is dequantized once (scale·q + bias) and used for every row, and
 // each element of x is converted once and used for every column: with
 // several rows the work per weight byte, not the bytes, bounds the kernel,
-// so the row count picks the columns per warp (see qmv_dispatch).
+// so the row count picks the columns per warp. Each (ROWS, COLS) shape is a
+// kernel of its own, so that the one-row kernel keeps the occupancy its
+// few registers allow: 1 row, 1 column per warp (the matrix spread over the
+// most warps: a decode row is bandwidth-bound); 2 rows, 2 columns; 3–4
+// rows, 4 columns (2 for the gate/up pair, whose accumulators are twice as
+// many). The host picks the kernel by its `_r1`, `_r2`, `_r4` suffix
+// (quantized_matmul/cuda.cpp).
 #pragma once
 
 #include "common/cuda_common.cuh"
 
 namespace mlx_backend_cuda {
 
-// The most rows of x one launch takes (more go to MLX's qmm).
-constexpr int kQmvMaxRows = 8;
+// The most rows of x one launch takes: from 5 rows on, MLX's own
+// quantized matmul switches to a faster path than these kernels (measured
+// in docs/performance.md), so more rows go to it.
+constexpr int kQmvMaxRows = 4;
 constexpr int kQmvWarpsPerBlock = 4;
 // Columns per warp at most: plain projections, and the gate/up pair (two
 // matrices' accumulators).
@@ -128,26 +136,6 @@ __device__ __forceinline__ void qmv_lane(
         }
       }
     }
-  }
-}
-
-// Calls `body.template operator()<COLS, ROWS>()` with the shape of work
-// (quantized_matmul/cuda.cpp's qmv_columns mirrors it to size the grid)
-// for `rows` rows: one column per warp for a single row (the matrix is
-// spread over the most warps: bandwidth), more columns as rows grow (each
-// x element serves more columns: arithmetic). MAX_COLS caps the columns
-// (registers: MATS · COLS · ROWS accumulators).
-template <int MAX_COLS, typename Body>
-__device__ __forceinline__ void qmv_dispatch(int rows, Body&& body) {
-  constexpr int kCols4 = MAX_COLS < 4 ? MAX_COLS : 4;
-  if (rows <= 1) {
-    body.template operator()<1, 1>();
-  } else if (rows <= 2) {
-    body.template operator()<2, 2>();
-  } else if (rows <= 4) {
-    body.template operator()<kCols4, 4>();
-  } else {
-    body.template operator()<kCols4, kQmvMaxRows>();
   }
 }
 

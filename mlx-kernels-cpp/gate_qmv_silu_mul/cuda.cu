@@ -22,7 +22,7 @@ __device__ __forceinline__ void store_swiglu(float g_acc, float u_acc, T* out, b
   }
 }
 
-template <typename T, typename P, int BITS, bool ALIGNED>
+template <typename T, typename P, int BITS, int COLS, int ROWS, bool ALIGNED>
 __device__ void gate_qmv(
     const T* x,
     const uint32_t* gw,
@@ -36,26 +36,24 @@ __device__ void gate_qmv(
     int k_len,
     int n_len,
     int group_size) {
-  qmv_dispatch<kQmvGateMaxCols>(rows, [&]<int COLS, int ROWS>() {
-    const int n0 = (blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32) * COLS;
-    if (n0 >= n_len) {
-      return;
-    }
-    const QuantMatrix<P> mats[2] = {{gw, gs, gb}, {uw, us, ub}};
-    float acc[2][COLS][ROWS] = {};
-    qmv_lane<T, P, BITS, 2, COLS, ROWS, ALIGNED>(x, mats, n0, n_len, rows, k_len, group_size, acc);
+  const int n0 = (blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32) * COLS;
+  if (n0 >= n_len) {
+    return;
+  }
+  const QuantMatrix<P> mats[2] = {{gw, gs, gb}, {uw, us, ub}};
+  float acc[2][COLS][ROWS] = {};
+  qmv_lane<T, P, BITS, 2, COLS, ROWS, ALIGNED>(x, mats, n0, n_len, rows, k_len, group_size, acc);
 #pragma unroll
-    for (int col = 0; col < COLS; col++) {
+  for (int col = 0; col < COLS; col++) {
 #pragma unroll
-      for (int r = 0; r < ROWS; r++) {
-        // Every lane takes part in the reductions; lane 0 of a real
-        // (row, column) stores.
-        store_swiglu(
-            acc[0][col][r], acc[1][col][r], out + static_cast<size_t>(r) * n_len + n0 + col,
-            r < rows && n0 + col < n_len);
-      }
+    for (int r = 0; r < ROWS; r++) {
+      // Every lane takes part in the reductions; lane 0 of a real
+      // (row, column) stores.
+      store_swiglu(
+          acc[0][col][r], acc[1][col][r], out + static_cast<size_t>(r) * n_len + n0 + col,
+          r < rows && n0 + col < n_len);
     }
-  });
+  }
 }
 
 // Grid row p computes out[p, :] = swiglu of x row p / top_k against expert
@@ -116,24 +114,29 @@ __device__ void gather_gate_qmv(
     }                                                                                          \
   }
 
-#define GATE_KERNEL(XS, T, PS, P, BITS)                                                        \
-  extern "C" __global__ void mlx_backend_gate_qmv_##XS##_##PS##_b##BITS(                       \
+#define GATE_KERNEL(XS, T, PS, P, BITS, ROWS, COLS)                                            \
+  extern "C" __global__ void mlx_backend_gate_qmv_##XS##_##PS##_b##BITS##_r##ROWS(             \
       const T* x, const uint32_t* gw, const P* gs, const P* gb, const uint32_t* uw,            \
       const P* us, const P* ub, T* out, int rows, int k_len, int n_len, int group_size,         \
       bool vec) {                                                                              \
     if (vec) {                                                                                 \
-      gate_qmv<T, P, BITS, true>(x, gw, gs, gb, uw, us, ub, out, rows, k_len, n_len, group_size); \
+      gate_qmv<T, P, BITS, COLS, ROWS, true>(x, gw, gs, gb, uw, us, ub, out, rows, k_len,      \
+                                             n_len, group_size);                               \
     } else {                                                                                   \
-      gate_qmv<T, P, BITS, false>(x, gw, gs, gb, uw, us, ub, out, rows, k_len, n_len,         \
-                                  group_size);                                                 \
+      gate_qmv<T, P, BITS, COLS, ROWS, false>(x, gw, gs, gb, uw, us, ub, out, rows, k_len,     \
+                                              n_len, group_size);                              \
     }                                                                                          \
   }
 
-#define GATE_KERNELS(XS, T, PS, P) \
-  GATE_KERNEL(XS, T, PS, P, 4)     \
-  GATE_KERNEL(XS, T, PS, P, 8)     \
-  GATHER_GATE_KERNEL(XS, T, PS, P, 4) \
-  GATHER_GATE_KERNEL(XS, T, PS, P, 8)
+#define GATE_KERNELS_BITS(XS, T, PS, P, BITS) \
+  GATE_KERNEL(XS, T, PS, P, BITS, 1, 1)       \
+  GATE_KERNEL(XS, T, PS, P, BITS, 2, 2)       \
+  GATE_KERNEL(XS, T, PS, P, BITS, 4, 2)       \
+  GATHER_GATE_KERNEL(XS, T, PS, P, BITS)
+
+#define GATE_KERNELS(XS, T, PS, P)   \
+  GATE_KERNELS_BITS(XS, T, PS, P, 4) \
+  GATE_KERNELS_BITS(XS, T, PS, P, 8)
 
 GATE_KERNELS(f32, float, f32, float)
 GATE_KERNELS(f16, __half, f16, __half)

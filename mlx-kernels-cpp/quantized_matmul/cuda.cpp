@@ -1,7 +1,5 @@
 #include "quantized_matmul/cuda.h"
 
-#include <algorithm>
-
 #include "common/cuda_launch.h"
 #include "common/fallback_primitive.h"
 #include "mlx_backend_fatbins.h"
@@ -14,10 +12,21 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4; // kQmvWarpsPerBlock in common/qmv.cuh
 
-// Output columns per warp for `rows` rows of x: qmv_dispatch in
-// common/qmv.cuh, capped at 4 (plain) or 2 (gate/up pair).
-int qmv_columns(int rows, int max_cols) {
-  return rows <= 1 ? 1 : rows <= 2 ? 2 : std::min(max_cols, 4);
+// The kernel shape for `rows` rows of x (common/qmv.cuh): its rows bucket
+// (the `_r` suffix) and output columns per warp.
+struct QmvShape {
+  int rows;
+  int cols;
+};
+
+QmvShape qmv_shape(int rows, bool pair) {
+  if (rows <= 1) {
+    return {1, 1};
+  }
+  if (rows <= 2) {
+    return {2, 2};
+  }
+  return {4, pair ? 2 : 4};
 }
 
 // Which projection a QmvCuda launches.
@@ -51,8 +60,12 @@ class QmvCuda : public GpuBody {
     const char* prefix = form_ == QmvForm::Plain ? "mlx_backend_qmv_"
         : gather                                 ? "mlx_backend_gather_gate_qmv_"
                                                  : "mlx_backend_gate_qmv_";
+    QmvShape shape = gather ? QmvShape{1, 1} : qmv_shape(rows, form_ == QmvForm::Gate);
     std::string name = std::string(prefix) + dtype_suffix(x.dtype()) + "_" +
         dtype_suffix(scales.dtype()) + "_b" + std::to_string(bits_);
+    if (!gather) {
+      name += "_r" + std::to_string(shape.rows);
+    }
     CUfunction f = cuda_function(
         s, form_ == QmvForm::Plain ? fatbin::quantized_matmul() : fatbin::gate_qmv_silu_mul(),
         name);
@@ -85,8 +98,7 @@ class QmvCuda : public GpuBody {
     args.push_back(&group_size);
     args.push_back(&vec);
     if (rows > 0 && n_len > 0 && pairs > 0) {
-      int cols = gather ? 1 : qmv_columns(rows, form_ == QmvForm::Plain ? 4 : 2);
-      int per_block = kWarpsPerBlock * cols;
+      int per_block = kWarpsPerBlock * shape.cols;
       dim3 grid((n_len + per_block - 1) / per_block, pairs);
       cuda_enqueue(s, f, grid, dim3(32 * kWarpsPerBlock), inputs, outputs, args);
     }

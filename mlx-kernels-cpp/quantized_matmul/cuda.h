@@ -10,8 +10,8 @@
 namespace mlx_backend {
 
 // The most rows of x the CUDA bodies take (kQmvMaxRows in common/qmv.cuh);
-// more rows build MLX's quantized_matmul, which uses the tensor cores.
-constexpr int kCudaQmvMaxRows = 8;
+// more rows build MLX's quantized_matmul, faster there.
+constexpr int kCudaQmvMaxRows = 4;
 
 // out = x·wᵀ; inputs x, w, scales, biases.
 std::shared_ptr<GpuBody> quantized_matmul_cuda(int group_size, int bits);

@@ -11,8 +11,8 @@
 # kernels   the GPU kernel bench (benches/gpu_kernels.rs)
 # Reports and logs go to $OUT (the device tool returns it), else ./gpu-report.
 # Env: GPU_TESTS         only these test binaries (names without hash)
-#      GPU_TEST_TIMEOUT  seconds one test binary may take (default 300)
-#      GPU_TEST_JOBS     test binaries run at once on the one GPU (default 4)
+#      GPU_TEST_TIMEOUT  seconds one test may take (default 300)
+#      GPU_TEST_JOBS     tests run at once on the one GPU, a process each (default 8)
 set -uo pipefail
 WHAT="${1:-all}"
 shift || true
@@ -56,39 +56,55 @@ fi
 } >"$REPORT"
 
 status=0
-# One test binary: its log, and a report row in $REPORT_DIR/rows/.
-run_test_binary() {
-  local t="$1" name start rc line
+# One test (binary and name) in a process of its own: a slow test cannot
+# hold back the others, a CUDA fault cannot poison them, and its panic
+# message is in its own log. Writes a result line to $REPORT_DIR/rows/.
+run_one_test() {
+  local t="$1" test="$2" name log rc
   name="$(basename "$t")"
-  start=$SECONDS
-  # One slow binary must not take the whole call: GPU_TEST_TIMEOUT each.
-  timeout "${GPU_TEST_TIMEOUT:-300}" "$t" --test-threads=1 >"$REPORT_DIR/$name.log" 2>&1
+  log="$REPORT_DIR/logs/${name%-*}.$test.log"
+  timeout "${GPU_TEST_TIMEOUT:-300}" "$t" --exact "$test" --test-threads=1 >"$log" 2>&1
   rc=$?
-  line="$(grep -E '^test result:' "$REPORT_DIR/$name.log" | tail -1)"
-  echo "| ${name%-*} | rc=$rc ${line#test result: } | $((SECONDS - start)) |" >"$REPORT_DIR/rows/$name"
-  return $rc
+  if [[ $rc -eq 0 ]]; then
+    echo "ok" >"$REPORT_DIR/rows/${name%-*}.$test"
+    rm -f "$log"
+  else
+    echo "rc=$rc" >"$REPORT_DIR/rows/${name%-*}.$test"
+  fi
 }
-export -f run_test_binary
+export -f run_one_test
 export REPORT_DIR
 
 if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
-  echo "| test binary | result | seconds |" >>"$REPORT"
-  echo "| --- | --- | --- |" >>"$REPORT"
-  mkdir -p "$REPORT_DIR/rows"
+  mkdir -p "$REPORT_DIR/rows" "$REPORT_DIR/logs"
+  start=$SECONDS
   for t in "$APP"/deps/*; do
     name="$(basename "$t")"
     if [[ -n "${GPU_TESTS:-}" ]] && ! grep -qw "${name%-*}" <<<"$GPU_TESTS"; then continue; fi
-    echo "$t"
-  done | xargs -P "${GPU_TEST_JOBS:-4}" -I{} bash -c 'run_test_binary "$1"' _ {} || status=1
-  sort "$REPORT_DIR"/rows/* >>"$REPORT" 2>/dev/null
-  rm -rf "$REPORT_DIR/rows"
-  # The logs of failed binaries, in one file (the tool returns few files).
-  grep -L -E "^test result: ok" "$REPORT_DIR"/*.log 2>/dev/null | while read -r f; do
-    echo "=== $(basename "$f")"
-    grep -E -A6 "^test .* FAILED|panicked at|^error" "$f" | head -80
-    tail -n 5 "$f"
+    "$t" --list --format terse 2>/dev/null | sed -n 's/: test$//p' | while read -r test; do
+      echo "$t $test"
+    done
+  done | xargs -P "${GPU_TEST_JOBS:-8}" -L 1 bash -c 'run_one_test "$1" "$2"' _
+  echo "| test binary | passed | failed (exit code) |" >>"$REPORT"
+  echo "| --- | --- | --- |" >>"$REPORT"
+  for bin in $(ls "$REPORT_DIR/rows" | sed 's/\..*//' | sort -u); do
+    ok=0; failed=""
+    for f in "$REPORT_DIR/rows/$bin".*; do
+      if [[ "$(cat "$f")" == ok ]]; then ok=$((ok + 1)); else failed="$failed ${f##*/$bin.} ($(cat "$f"))"; fi
+    done
+    echo "| $bin | $ok | ${failed:- } |" >>"$REPORT"
+    [[ -n "$failed" ]] && status=1
+  done
+  echo >>"$REPORT"
+  echo "tests: $((SECONDS - start)) s, ${GPU_TEST_JOBS:-8} at a time" >>"$REPORT"
+  # The logs of failed tests, in one file (the tool returns few files).
+  for f in "$REPORT_DIR"/logs/*.log; do
+    [[ -e "$f" ]] || continue
+    echo "=== $(basename "$f" .log)"
+    grep -E -B2 -A12 "panicked at|^error" "$f" | head -40
+    tail -n 3 "$f"
   done >"$REPORT_DIR/failures.txt"
-  rm -f "$REPORT_DIR"/*.log
+  rm -rf "$REPORT_DIR/rows" "$REPORT_DIR/logs"
 fi
 if [[ "$WHAT" == all || "$WHAT" == generate ]]; then
   echo >>"$REPORT"

@@ -232,3 +232,14 @@ pub fn assert_still_works() {
 }
 
 pub mod tiny;
+
+/// MLX's active memory once the default device's queued work has finished:
+/// on a GPU, the buffers a kernel read are released by the stream's
+/// completion handlers, after `eval` has returned.
+pub fn settled_active_memory() -> usize {
+    mlx_backend::Device::default_device()
+        .default_stream()
+        .and_then(|s| s.synchronize())
+        .expect("synchronize the default stream");
+    mlx_backend::memory::active_memory()
+}

@@ -11,15 +11,16 @@
 //! CUDA.
 //!
 //! Eligibility: no array mask; `S ≥ max(L, 1)` when causal, `S ≥ 1`
-//! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16 and
-//! head_dim ≤ 256. Anything else builds MLX's
+//! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16,
+//! head_dim ≤ 256 and at most 4 query rows per head (decode; prefill goes
+//! to MLX's own attention there). Anything else builds MLX's
 //! `fast::scaled_dot_product_attention` (an array mask with
 //! [`FallbackReason::UnsupportedMask`]).
 //!
 //! The CUDA body (`mlx-kernels-cpp/attention/cuda.cu`) computes one query
 //! row per block, its warps taking interleaved keys with an online softmax
-//! in f32 that is merged at the end; it serves decode (one row over each
-//! request's cache) and causal prefill alike.
+//! in f32 that is merged at the end; with few rows and many keys the keys
+//! are split over several blocks per row and merged by a second kernel.
 
 pub(crate) mod cpu;
 
@@ -35,7 +36,13 @@ use crate::ops::{scaled_dot_product_attention, stream, AttentionMask};
 pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// The largest head_dim the CUDA body takes (`kCudaAttentionMaxHeadDim`).
-const CUDA_MAX_HEAD_DIM: i32 = 256;
+pub const CUDA_ATTENTION_MAX_HEAD_DIM: i32 = 256;
+
+/// The most query rows per head the CUDA body takes (decode, and a few
+/// speculative rows): it gives each query row a block of its own, which a
+/// long prompt's prefill does far slower than MLX's own attention (cuDNN's
+/// tensor-core flash attention on CUDA; docs/performance.md).
+pub const CUDA_ATTENTION_MAX_QUERIES: i32 = 4;
 
 fn eligibility(
     backend: Backend,
@@ -52,7 +59,10 @@ fn eligibility(
         return Err(FallbackReason::UnsupportedDtype);
     }
     let (qs, ks) = (q.shape(), k.shape());
-    if backend == Backend::Cuda && qs.len() == 4 && qs[3] > CUDA_MAX_HEAD_DIM {
+    if backend == Backend::Cuda
+        && qs.len() == 4
+        && (qs[3] > CUDA_ATTENTION_MAX_HEAD_DIM || qs[2] > CUDA_ATTENTION_MAX_QUERIES)
+    {
         return Err(FallbackReason::UnsupportedShape);
     }
     match mask {
