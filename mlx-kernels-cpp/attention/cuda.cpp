@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "attention/cuda_args.h"
 #include "common/cuda_launch.h"
 #include "common/fallback_primitive.h"
 #include "mlx_backend_fatbins.h"
@@ -14,12 +15,7 @@ namespace {
 
 constexpr int kWarps = 4; // kWarps in attention/cuda.cu
 
-// Batch, head, row and element strides in elements, as the kernel takes them.
-struct Strides {
-  long long batch, head, row, elem;
-};
-
-Strides strides_of(const mx::array& a) {
+AttentionStrides strides_of(const mx::array& a) {
   return {a.strides(0), a.strides(1), a.strides(2), a.strides(3)};
 }
 
@@ -64,20 +60,13 @@ class AttentionCuda : public GpuBody {
     }
     const char* dt = dtype_suffix(q.dtype());
     CUfunction attend = cuda_function(s, fatbin::attention(), std::string("mlx_backend_attention_") + dt);
-    const void* qp = device_ptr(in[0]);
-    const void* kp = device_ptr(in[1]);
-    const void* vp = device_ptr(in[2]);
-    void* op = device_ptr_mut(out);
-    Strides qs = strides_of(in[0]), ks = strides_of(in[1]), vs = strides_of(in[2]);
-    float scale = scale_;
-    bool causal = causal_;
     int splits = key_splits(b * hq * l_len, s_len);
+    AttentionArgs args{
+        device_ptr(in[0]), device_ptr(in[1]), device_ptr(in[2]), device_ptr_mut(out), nullptr,
+        strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), hq, hkv, l_len, s_len, d,
+        scale_, causal_, splits};
     if (splits == 1) {
-      void* partials = nullptr;
-      cuda_enqueue(
-          s, attend, dim3(l_len, hq, b), dim3(32 * kWarps), in, outputs,
-          {&qp, &kp, &vp, &op, &partials, &qs, &ks, &vs, &hq, &hkv, &l_len, &s_len, &d, &scale,
-           &causal, &splits});
+      cuda_enqueue(s, attend, dim3(l_len, hq, b), dim3(32 * kWarps), in, outputs, {&args});
       return;
     }
     // Two passes: each (row, split) block writes its partial state, then
@@ -86,17 +75,14 @@ class AttentionCuda : public GpuBody {
         {b * hq * l_len * splits * (d + 2)}, mx::float32, nullptr, {})};
     allocate(parts[0]);
     keep_until_done(s, parts[0]);
-    void* pp = device_ptr_mut(parts[0]);
-    cuda_enqueue(
-        s, attend, dim3(l_len * splits, hq, b), dim3(32 * kWarps), in, parts,
-        {&qp, &kp, &vp, &op, &pp, &qs, &ks, &vs, &hq, &hkv, &l_len, &s_len, &d, &scale, &causal,
-         &splits});
+    args.partials = static_cast<float*>(device_ptr_mut(parts[0]));
+    cuda_enqueue(s, attend, dim3(l_len * splits, hq, b), dim3(32 * kWarps), in, parts, {&args});
     const void* pc = device_ptr(parts[0]);
     CUfunction merge =
         cuda_function(s, fatbin::attention(), std::string("mlx_backend_attention_merge_") + dt);
     cuda_enqueue(
         s, merge, dim3(l_len, hq, b), dim3(32 * kWarps), parts, outputs,
-        {&pc, &op, &hq, &l_len, &d, &splits});
+        {&pc, &args.out, &hq, &l_len, &d, &splits});
   }
 
  private:

@@ -13,19 +13,17 @@
 // and value row is read as whole coalesced warp loads; q, k and v are read
 // in place through their strides (the KV cache's slices and the heads'
 // transpose need no copy; any other view works too, less coalesced).
+#include "attention/cuda_args.h"
 #include "common/cuda_common.cuh"
 
 using namespace mlx_backend_cuda;
+using mlx_backend::AttentionArgs;
 
 namespace {
 
 constexpr int kWarps = 4;
 // Largest head_dim (elements per lane times 32); the op checks it.
 constexpr int kMaxPerLane = 8;
-
-struct Strides {
-  long long batch, head, row, elem;
-};
 
 // A row's partial state as the first pass leaves it: max, sum, then the
 // unnormalised output (head_dim floats).
@@ -34,23 +32,16 @@ __device__ __forceinline__ float* partial_of(float* partials, long long row_inde
 }
 
 template <typename T, int PER_LANE>
-__device__ void attend_row(
-    const T* q,
-    const T* k,
-    const T* v,
-    T* out,
-    float* partials,
-    Strides qs,
-    Strides ks,
-    Strides vs,
-    int hq,
-    int hkv,
-    int l_len,
-    int s_len,
-    int d,
-    float scale,
-    bool causal,
-    int splits) {
+__device__ void attend_row(const AttentionArgs& a) {
+  const auto qs = a.qs, ks = a.ks, vs = a.vs;
+  const int hq = a.hq, hkv = a.hkv, l_len = a.l_len, s_len = a.s_len, d = a.d, splits = a.splits;
+  const float scale = a.scale;
+  const bool causal = a.causal;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  T* out = static_cast<T*>(a.out);
+  float* partials = a.partials;
   const int row = blockIdx.x / splits;
   const int split = blockIdx.x % splits;
   const int head = blockIdx.y;
@@ -191,37 +182,21 @@ __device__ void merge_splits(const float* partials, T* out, int hq, int l_len, i
 }
 
 template <typename T>
-__device__ void attend(
-    const T* q,
-    const T* k,
-    const T* v,
-    T* out,
-    float* partials,
-    Strides qs,
-    Strides ks,
-    Strides vs,
-    int hq,
-    int hkv,
-    int l_len,
-    int s_len,
-    int d,
-    float scale,
-    bool causal,
-    int splits) {
+__device__ void attend(const AttentionArgs& a) {
   // Elements per lane, the fewest that cover head_dim.
-  switch ((d + 31) / 32) {
+  switch ((a.d + 31) / 32) {
     case 1:
-      attend_row<T, 1>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
+      attend_row<T, 1>(a);
       break;
     case 2:
-      attend_row<T, 2>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
+      attend_row<T, 2>(a);
       break;
     case 3:
     case 4:
-      attend_row<T, 4>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
+      attend_row<T, 4>(a);
       break;
     default:
-      attend_row<T, kMaxPerLane>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal, splits);
+      attend_row<T, kMaxPerLane>(a);
       break;
   }
 }
@@ -230,11 +205,8 @@ __device__ void attend(
 
 #define ATTENTION_KERNEL(S, T)                                                                  \
   extern "C" __global__ void __launch_bounds__(kWarps * 32) mlx_backend_attention_##S(          \
-      const T* q, const T* k, const T* v, T* out, float* partials, Strides qs, Strides ks,     \
-      Strides vs, int hq, int hkv, int l_len, int s_len, int d, float scale, bool causal,      \
-      int splits) {                                                                            \
-    attend<T>(q, k, v, out, partials, qs, ks, vs, hq, hkv, l_len, s_len, d, scale, causal,     \
-              splits);                                                                         \
+      AttentionArgs a) {                                                                       \
+    attend<T>(a);                                                                              \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(kWarps * 32) mlx_backend_attention_merge_##S(    \
       const float* partials, T* out, int hq, int l_len, int d, int splits) {                   \
