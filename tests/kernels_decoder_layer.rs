@@ -1,15 +1,15 @@
 //! decoder_layer: the fused decode block against the same block built from
-//! MLX's ops (the op's fallback graph), on random quantized weights and
-//! caches of different lengths per row; cache immutability and contract
-//! errors.
+//! MLX's ops (the op's fallback graph) on the same device, on random
+//! quantized weights and caches of different lengths per row; cache
+//! immutability and contract errors. Every case runs on every device.
 
 mod common;
 mod kernels_common;
 
-use kernels_common::{max_rel_err, norm_rel_err, normal, on_cpu};
+use kernels_common::{fused_expected, max_rel_err, norm_rel_err, normal, on_each_device};
 use mlx_backend::kernels::{
-    decoder_layer, registry, ActivationPrecision, DecoderLayer, DecoderStack, FallbackReason,
-    Kernel, RopeSpec,
+    decoder_layer, registry, ActivationPrecision, Backend, DecoderLayer, DecoderStack,
+    FallbackReason, Kernel, RopeSpec,
 };
 use mlx_backend::model::{self, LoadOptions, Logits};
 use mlx_backend::ops::{quantize, Quantized};
@@ -37,6 +37,9 @@ struct Variant {
     activations: ActivationPrecision,
     /// dtype of the projections' scales and biases (norms stay f32).
     scales: Dtype,
+    /// dtype of x, the caches, and (when not f32) of the norms, biases,
+    /// scales and biases too: a half-precision checkpoint.
+    act: Dtype,
 }
 
 impl Default for Variant {
@@ -51,6 +54,7 @@ impl Default for Variant {
             quant: [(4, 32); 7],
             activations: ActivationPrecision::Exact,
             scales: Dtype::F32,
+            act: Dtype::F32,
         }
     }
 }
@@ -82,27 +86,33 @@ fn weights(v: &Variant, seed: u64) -> Weights {
             bits,
         )
         .unwrap();
-        q.scales = q.scales.astype(v.scales).unwrap();
-        q.biases = q.biases.astype(v.scales).unwrap();
+        let scales = if v.act == Dtype::F32 { v.scales } else { v.act };
+        q.scales = q.scales.astype(scales).unwrap();
+        q.biases = q.biases.astype(scales).unwrap();
         q
     });
+    let vector = |len: i32, loc: f32, scale: f32, s: u64| {
+        normal(&[len], Dtype::F32, loc, scale, s)
+            .astype(v.act)
+            .unwrap()
+    };
     let freqs: Vec<f32> = (0..v.rope_dims / 2)
         .map(|i| 10000f32.powf(2.0 * i as f32 / v.rope_dims as f32) * 1.7)
         .collect();
     Weights {
         norms: [
-            normal(&[H], Dtype::F32, 1.0, 0.2, seed + 10),
-            normal(&[H], Dtype::F32, 1.0, 0.2, seed + 11),
+            vector(H, 1.0, 0.2, seed + 10),
+            vector(H, 1.0, 0.2, seed + 11),
         ],
         proj,
         bias: [
-            normal(&[NQ * D], Dtype::F32, 0.0, 0.5, seed + 12),
-            normal(&[NKV * D], Dtype::F32, 0.0, 0.5, seed + 13),
-            normal(&[NKV * D], Dtype::F32, 0.0, 0.5, seed + 14),
+            vector(NQ * D, 0.0, 0.5, seed + 12),
+            vector(NKV * D, 0.0, 0.5, seed + 13),
+            vector(NKV * D, 0.0, 0.5, seed + 14),
         ],
         qk_norm: [
-            normal(&[D], Dtype::F32, 1.0, 0.2, seed + 15),
-            normal(&[D], Dtype::F32, 1.0, 0.2, seed + 16),
+            vector(D, 1.0, 0.2, seed + 15),
+            vector(D, 1.0, 0.2, seed + 16),
         ],
         freqs: Array::from_slice(&freqs, &[freqs.len() as i32]).unwrap(),
     }
@@ -134,13 +144,17 @@ fn layer<'a>(v: &Variant, w: &'a Weights) -> DecoderLayer<'a> {
 
 /// Random caches: row `r` has capacity `caps[r]`.
 fn caches(caps: &[i32], seed: u64) -> Vec<(Array, Array)> {
+    caches_of(caps, seed, Dtype::F32)
+}
+
+fn caches_of(caps: &[i32], seed: u64, dtype: Dtype) -> Vec<(Array, Array)> {
     caps.iter()
         .enumerate()
         .map(|(r, &c)| {
             let s = seed + 100 * r as u64;
             (
-                normal(&[1, NKV, c, D], Dtype::F32, 0.0, 1.0, s),
-                normal(&[1, NKV, c, D], Dtype::F32, 0.0, 1.0, s + 1),
+                normal(&[1, NKV, c, D], dtype, 0.0, 1.0, s),
+                normal(&[1, NKV, c, D], dtype, 0.0, 1.0, s + 1),
             )
         })
         .collect()
@@ -159,36 +173,41 @@ fn run(
         cache,
         fused,
     );
-    assert_eq!(nodes, u64::from(fused));
+    // The CPU kernel takes f32 activations only; a GPU body takes half
+    // ones with half parameters too.
+    let takes = v.act == Dtype::F32 || Backend::current() != Backend::Cpu;
+    assert_eq!(
+        nodes,
+        u64::from(fused && takes && fused_expected(Kernel::DecoderLayer))
+    );
     (out, rows)
 }
 
 fn check(v: Variant, caps: &[i32], offsets: &[i32], seed: u64) {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let w = weights(&v, seed);
-    let cache = caches(caps, seed + 1000);
-    let x = normal(
-        &[caps.len() as i32, 1, H],
-        Dtype::F32,
-        0.0,
-        1.0,
-        seed + 2000,
-    );
+    let cache = caches_of(caps, seed + 1000, v.act);
+    let x = normal(&[caps.len() as i32, 1, H], v.act, 0.0, 1.0, seed + 2000);
     let (want, want_rows) = run(false, &v, &w, &x, &cache, offsets);
     let (got, got_rows) = run(true, &v, &w, &x, &cache, offsets);
     // x rounded to int8 per 32 values (int16 per word of W) before each
-    // projection: compare whole tensors (the error, ~1e-2 (~4e-5) of the
-    // signal, is spread evenly; exact is ~5e-7).
-    let bound = match v.activations {
-        ActivationPrecision::Int8 => Some(2e-2),
-        ActivationPrecision::Int16 => Some(2e-4),
-        ActivationPrecision::Exact => None,
+    // projection (CPU kernel): compare whole tensors (the error, ~1e-2
+    // (~4e-5) of the signal, is spread evenly; exact is ~5e-7). Half
+    // activations round where MLX's ops round; a sum that lands on the
+    // other side of a rounding moves one ulp (2^-8 in bf16) and what
+    // follows it.
+    let bound = match (v.act, v.activations) {
+        (Dtype::F16 | Dtype::BF16, _) => Some(1e-2),
+        (_, ActivationPrecision::Int8) => Some(2e-2),
+        (_, ActivationPrecision::Int16) => Some(2e-4),
+        (_, ActivationPrecision::Exact) => None,
     };
     if let Some(bound) = bound {
         let err = norm_rel_err(&got, &want);
         assert!(err < bound, "out: norm rel err {err}");
         for ((gk, gv), (wk, wv)) in got_rows.iter().zip(&want_rows) {
-            assert!(norm_rel_err(gk, wk) < bound && norm_rel_err(gv, wv) < bound);
+            let (ek, ev) = (norm_rel_err(gk, wk), norm_rel_err(gv, wv));
+            assert!(ek < bound && ev < bound, "caches: {ek}, {ev}");
         }
         return;
     }
@@ -204,24 +223,21 @@ fn check(v: Variant, caps: &[i32], offsets: &[i32], seed: u64) {
 
 #[test]
 fn one_row_matches_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         check(Variant::default(), &[16], &[5], 1);
     });
 }
 
 #[test]
 fn ragged_rows_match_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         check(Variant::default(), &[8, 40, 33], &[0, 39, 17], 2);
     });
 }
 
 #[test]
 fn long_rows_match_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         // Enough keys that the attention is split over the pool.
         check(Variant::default(), &[600, 300], &[590, 250], 18);
     });
@@ -229,8 +245,7 @@ fn long_rows_match_mlx_ops() {
 
 #[test]
 fn non_traditional_rope_with_bias_and_qk_norm() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             bias: true,
             qk_norm: true,
@@ -243,8 +258,7 @@ fn non_traditional_rope_with_bias_and_qk_norm() {
 
 #[test]
 fn explicit_frequencies_mscale_and_partial_rotation() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             freqs: true,
             mscale: 1.3,
@@ -257,8 +271,7 @@ fn explicit_frequencies_mscale_and_partial_rotation() {
 
 #[test]
 fn mixed_bits_and_group_sizes() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             quant: [
                 (8, 64),
@@ -277,8 +290,7 @@ fn mixed_bits_and_group_sizes() {
 
 #[test]
 fn half_precision_scales_with_f32_norms() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         // The GGUF layout on the CPU: f32 activations and norms, the
         // checkpoint's f16 (or bf16) scales and biases.
         for (scales, seed) in [(Dtype::F16, 21), (Dtype::BF16, 22)] {
@@ -293,10 +305,27 @@ fn half_precision_scales_with_f32_norms() {
     });
 }
 
+/// A half-precision checkpoint (x, caches, norms, biases and scales all
+/// f16 or bf16): a GPU body takes it, rounding where MLX's ops round; the
+/// CPU kernel takes f32 only and builds MLX's ops (`run` checks which).
+#[test]
+fn half_precision_activations_with_half_parameters() {
+    on_each_device(|_dev| {
+        for (act, seed) in [(Dtype::F16, 41), (Dtype::BF16, 42)] {
+            let v = Variant {
+                bias: true,
+                qk_norm: true,
+                act,
+                ..Variant::default()
+            };
+            check(v, &[9, 40, 17], &[8, 39, 2], seed);
+        }
+    });
+}
+
 #[test]
 fn int8_activations_stay_close_to_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             activations: ActivationPrecision::Int8,
             quant: [
@@ -318,8 +347,7 @@ fn int8_activations_stay_close_to_mlx_ops() {
 /// 2e-4 of the MLX graph (int8: 2e-2).
 #[test]
 fn int16_activations_stay_close_to_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             activations: ActivationPrecision::Int16,
             quant: [
@@ -345,8 +373,7 @@ fn int16_activations_stay_close_to_mlx_ops() {
 /// the per-word `vpmaddwd` kernel.
 #[test]
 fn int16_batch_of_six_rows_stays_close_to_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             activations: ActivationPrecision::Int16,
             ..Variant::default()
@@ -359,8 +386,7 @@ fn int16_batch_of_six_rows_stays_close_to_mlx_ops() {
 /// with a pass of 8 x rows and one of 1.
 #[test]
 fn int16_batch_of_nine_rows_stays_close_to_mlx_ops() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let v = Variant {
             activations: ActivationPrecision::Int16,
             ..Variant::default()
@@ -376,8 +402,7 @@ fn int16_batch_of_nine_rows_stays_close_to_mlx_ops() {
 
 #[test]
 fn a_cache_held_elsewhere_is_left_unchanged() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let v = Variant::default();
         let w = weights(&v, 6);
@@ -405,8 +430,7 @@ fn a_cache_held_elsewhere_is_left_unchanged() {
 
 #[test]
 fn bad_calls_name_the_problem_and_leave_things_usable() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let v = Variant::default();
         let w = weights(&v, 9);
@@ -431,8 +455,7 @@ fn bad_calls_name_the_problem_and_leave_things_usable() {
 
 #[test]
 fn half_precision_activations_fall_back_counted() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let v = Variant::default();
         let w = weights(&v, 14);
@@ -458,8 +481,7 @@ fn half_precision_activations_fall_back_counted() {
 /// pair) build MLX's graph, counted, and the kernel stays usable.
 #[test]
 fn unlike_gate_and_up_fall_back_counted() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let mut v = Variant::default();
         v.quant[5] = (4, 64);
@@ -517,8 +539,7 @@ fn tiny_greedy(m: &model::Transformer, fused: bool) -> (Vec<u32>, Array, u64, u6
 
 #[test]
 fn tiny_model_decodes_through_fused_blocks_in_place() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let folder = common::tiny::tiny_llama_folder(21, true);
         // Exact x: fused and op-by-op blocks then agree to f32 rounding (with
@@ -622,8 +643,7 @@ fn stack_call(seed: u64) -> StackCall {
 /// built from MLX's ops, with every cache checked.
 #[test]
 fn stacked_blocks_match_mlx_ops_across_nodes() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let StackCall {
             v,
@@ -657,8 +677,7 @@ fn stacked_blocks_match_mlx_ops_across_nodes() {
 /// and the view and the given caches keep their values.
 #[test]
 fn caches_are_written_in_place_when_they_allow_it() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let StackCall {
             v,
@@ -748,8 +767,7 @@ fn caches_are_written_in_place_when_they_allow_it() {
 /// MLX's ops; calls the table cannot serve are errors.
 #[test]
 fn token_ids_are_looked_up_in_the_first_node() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let v = Variant::default();
         let weights: Vec<Weights> = (0..3).map(|l| weights(&v, 900 + 50 * l)).collect();
@@ -802,8 +820,7 @@ fn token_ids_are_looked_up_in_the_first_node() {
 /// shape and values, and each cache.
 #[test]
 fn a_stack_with_a_head_returns_the_models_logits() {
-    // CPU only: decoder_layer has a CPU body only.
-    on_cpu(|| {
+    on_each_device(|_dev| {
         let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let v = Variant::default();
         let weights: Vec<Weights> = (0..2).map(|l| weights(&v, 1500 + 50 * l)).collect();

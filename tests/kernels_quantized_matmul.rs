@@ -4,10 +4,10 @@
 mod kernels_common;
 
 use kernels_common::{
-    assert_fallback_counted, cuda_qmv_limit, eval_or_note_mlx_failure, fused_expected,
-    norm_rel_err, normal, on_cpu, on_each_device, Tally,
+    assert_fallback_counted, cuda_qmv_limit, eval_or_note_mlx_failure, norm_rel_err, normal,
+    on_cpu, on_each_device, Tally,
 };
-use mlx_backend::kernels::{quantized_matmul, registry, Backend, FallbackReason, Kernel};
+use mlx_backend::kernels::{quantized_matmul, registry, FallbackReason, Kernel};
 use mlx_backend::ops::{quantize, Quantized};
 use mlx_backend::{Array, Dtype};
 

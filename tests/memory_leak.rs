@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use mlx_backend::ops::{quantize, random};
-use mlx_backend::{memory, Array, Dtype};
+use mlx_backend::{Array, Dtype};
 use std::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -86,6 +86,7 @@ pub fn has_body(kernel: Kernel, backend: Backend) -> bool {
         (GateQmvSiluMul, Cuda) => cuda,
         (QuantizedMatmul, Cuda) => cuda,
         (Attention, Cuda) => cuda,
+        (DecoderLayer, Cuda) => cuda,
         _ => false,
     }
 }

@@ -35,7 +35,9 @@ pub struct LoadOptions {
     /// Cast floating tensors (norms, dense weights) to this dtype; the
     /// scales and biases of quantized tensors are cast only when it is
     /// narrower than theirs (f32 keeps a GGUF's f16 scales: same values,
-    /// fewer bytes per step).
+    /// fewer bytes per step). `None` keeps a checkpoint's dtypes, except
+    /// that a GGUF file runs in f32 (its norms are f32, which widens the
+    /// graph's activations to f32 anyway).
     pub dtype: Option<Dtype>,
     /// Quantize an unquantized checkpoint on load: `(group_size, bits)`.
     pub quantize: Option<(i32, i32)>,
@@ -55,6 +57,7 @@ impl LoadOptions {
     /// GPU, the checkpoint's own dtypes. Int8 activations change the default
     /// model's greedy tokens on one of the goldens, so they are opt-in;
     /// `ActivationPrecision::Exact` gives MLX's result to f32 rounding.
+    /// (A GGUF file runs in f32 on either device; see `dtype`.)
     pub fn for_device(device: crate::Device) -> LoadOptions {
         let cpu = device == crate::Device::Cpu;
         LoadOptions {
@@ -98,7 +101,15 @@ pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<LoadedModel
     let file = GgufFile::load(path)?;
     let config = ModelConfig::from_gguf(&file)?;
     let tensors = gguf::tensors(&file)?;
-    let model = build(config, tensors, true, options)?;
+    // GGUF keeps norms in f32, so MLX's graph widens every activation to
+    // f32 at the first norm anyway: without a dtype asked for, the model
+    // runs in f32 throughout (embedding rows and caches too; the quantized
+    // scales keep their dtype), which the fused decode step takes.
+    let options = LoadOptions {
+        dtype: options.dtype.or(Some(Dtype::F32)),
+        ..options.clone()
+    };
+    let model = build(config, tensors, true, &options)?;
     Ok(LoadedModel {
         model,
         format: ModelFormat::Gguf,

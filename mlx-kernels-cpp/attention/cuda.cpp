@@ -13,25 +13,10 @@ namespace mlx_backend {
 
 namespace {
 
-constexpr int kWarps = 4; // kWarps in attention/cuda.cu
+constexpr int kWarps = 4; // kAttendWarps in common/attend.cuh
 
 AttentionStrides strides_of(const mx::array& a) {
   return {a.strides(0), a.strides(1), a.strides(2), a.strides(3)};
-}
-
-// Blocks per row along the keys: enough for about two blocks per SM of an
-// H100/H200-sized GPU (132 SMs) when the rows alone are too few (decode),
-// each block keeping at least 256 keys (64 per warp); 1 for prefill.
-int key_splits(int rows, int s_len) {
-  constexpr int kTargetBlocks = 264;
-  constexpr int kMinKeys = 256;
-  constexpr int kMaxSplits = 64;
-  if (rows >= kTargetBlocks) {
-    return 1;
-  }
-  int by_keys = (s_len + kMinKeys - 1) / kMinKeys;
-  int by_rows = (kTargetBlocks + rows - 1) / rows;
-  return std::max(1, std::min({by_keys, by_rows, kMaxSplits}));
 }
 
 class AttentionCuda : public GpuBody {
@@ -60,7 +45,7 @@ class AttentionCuda : public GpuBody {
     }
     const char* dt = dtype_suffix(q.dtype());
     CUfunction attend = cuda_function(s, fatbin::attention(), std::string("mlx_backend_attention_") + dt);
-    int splits = key_splits(b * hq * l_len, s_len);
+    int splits = cuda_attention_key_splits(b * hq * l_len, s_len);
     AttentionArgs args{
         device_ptr(in[0]), device_ptr(in[1]), device_ptr(in[2]), device_ptr_mut(out), nullptr,
         strides_of(in[0]), strides_of(in[1]), strides_of(in[2]), hq, hkv, l_len, s_len, d,
@@ -91,6 +76,21 @@ class AttentionCuda : public GpuBody {
 };
 
 } // namespace
+
+// Blocks per row along the keys: enough for about two blocks per SM of an
+// H100/H200-sized GPU (132 SMs) when the rows alone are too few (decode),
+// each block keeping at least 256 keys (64 per warp); 1 for prefill.
+int cuda_attention_key_splits(int rows, int s_len) {
+  constexpr int kTargetBlocks = 264;
+  constexpr int kMinKeys = 256;
+  constexpr int kMaxSplits = 64;
+  if (rows >= kTargetBlocks) {
+    return 1;
+  }
+  int by_keys = (s_len + kMinKeys - 1) / kMinKeys;
+  int by_rows = (kTargetBlocks + rows - 1) / rows;
+  return std::max(1, std::min({by_keys, by_rows, kMaxSplits}));
+}
 
 std::shared_ptr<GpuBody> attention_cuda(float scale, bool causal) {
   return std::make_shared<AttentionCuda>(scale, causal);

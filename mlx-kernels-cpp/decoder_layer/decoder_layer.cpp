@@ -1,6 +1,8 @@
 #include "decoder_layer/decoder_layer.h"
 
 #include "common/quant_check.h"
+#include "decoder_layer/cuda.h"
+#include "decoder_layer/prepared.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 
 #include <algorithm>
@@ -259,43 +261,52 @@ void prepare_params(
   }
 }
 
+// The block's vectors as the CUDA body reads them (see StepVectors); the
+// inverse frequencies as the CPU body computes them (decoder_layer/cpu.rs).
+StepVectors step_vectors(const std::vector<array>& params, const LayerConfig& c) {
+  auto f32 = [](const array& a) { return mx::astype(a, mx::float32); };
+  size_t i = 2 + 3 * kProjections;
+  std::optional<array> bias[3];
+  if (c.has_qkv_bias) {
+    for (auto& b : bias) {
+      b = f32(params[i++]);
+    }
+  }
+  std::optional<array> norm[2];
+  if (c.has_qk_norm) {
+    for (auto& n : norm) {
+      n = f32(params[i++]);
+    }
+  }
+  const int half = c.rope_dims / 2;
+  array inv_freqs = [&] {
+    if (c.has_freqs) {
+      return mx::divide(mx::array(1.0f), f32(params[i]));
+    }
+    std::vector<float> inv(half);
+    const float step = std::log(c.rope_base) / static_cast<float>(half);
+    for (int p = 0; p < half; ++p) {
+      inv[p] = std::exp(-static_cast<float>(p) * step);
+    }
+    return mx::array(inv.data(), {half}, mx::float32);
+  }();
+  StepVectors v{f32(params[0]), f32(params[1]), {bias[0], bias[1], bias[2]}, {norm[0], norm[1]}, inv_freqs};
+  std::vector<array> all{v.input_norm, v.post_norm, v.inv_freqs};
+  for (const auto& o : v.qkv_bias) {
+    if (o) {
+      all.push_back(*o);
+    }
+  }
+  for (const auto& o : v.qk_norm) {
+    if (o) {
+      all.push_back(*o);
+    }
+  }
+  mx::eval(all);
+  return v;
+}
+
 } // namespace
-
-// One block of a DecoderStack.
-struct PreparedLayer {
-  // batch and offsets unset: they come with each call.
-  LayerConfig config;
-  // input norm, post norm, 7 × [w, scales, biases], optional ones: each
-  // evaluated and row-contiguous.
-  std::vector<array> params;
-  // (address, bytes) of each parameter, for the kernel.
-  std::vector<size_t> table;
-  // The kernel's view of `config` (batch set per call).
-  DecoderLayerSpec spec;
-};
-
-// The token embedding table of a DecoderStack.
-struct PreparedEmbedding {
-  // w, scales, biases: evaluated and row-contiguous.
-  std::vector<array> params;
-  std::vector<size_t> table;
-  int bits;
-  int group_size;
-  int vocab;
-  int hidden;
-};
-
-// The final norm and head of a DecoderStack.
-struct PreparedHead {
-  // norm weight, w, scales, biases: evaluated and row-contiguous.
-  std::vector<array> params;
-  std::vector<size_t> table;
-  float eps;
-  int bits;
-  int group_size;
-  int activations;
-  int vocab;
-};
 
 namespace {
 
@@ -389,48 +400,52 @@ size_t LayerConfig::param_inputs() const {
       (has_freqs ? 1 : 0);
 }
 
+std::vector<array> caches_to_write(
+    const std::vector<array>& inputs,
+    std::vector<array>& outputs,
+    bool in_place,
+    std::vector<std::pair<array, array>>& copies) {
+  if (in_place) {
+    std::vector<array> given(inputs.begin() + 1, inputs.end());
+    if (!writable_in_place(given)) {
+      fail("a cache given to be written in place is shared, strided or not evaluated");
+    }
+    return given;
+  }
+  // make_arrays gives every output its own copy of the inputs, so each
+  // cache would be held once per output and never be donatable. Nothing
+  // reads the siblings' copies once evaluation has begun (MLX detaches
+  // them after this eval), so they are released here; tracers keep
+  // theirs, and MLX then holds their inputs anyway.
+  if (!outputs[0].is_tracer()) {
+    for (auto& out : outputs) {
+      if (&out.inputs() != &inputs) {
+        out.inputs().clear();
+      }
+    }
+  }
+  // A cache whose buffer nothing else holds is updated in place (as MLX's
+  // slice_update does); any other is copied into a fresh buffer first.
+  for (size_t c = 1; c < inputs.size(); ++c) {
+    const auto& in = inputs[c];
+    auto& out = outputs[c];
+    if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
+      out.copy_shared_buffer(in);
+    } else {
+      allocate(out);
+      copies.emplace_back(in, out);
+    }
+  }
+  return std::vector<array>(outputs.begin() + 1, outputs.end());
+}
+
 void DecoderStackPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
   require_row_contiguous(inputs[0], embedding_ ? "decoder_layer tokens" : "decoder_layer x");
   allocate(outputs[0]);
-  // The arrays whose buffers the kernel writes the caches into: the
-  // inputs' own in place, the outputs otherwise.
-  std::vector<array> caches;
   std::vector<std::pair<array, array>> copies;
-  if (in_place_) {
-    std::vector<array> given(inputs.begin() + 1, inputs.end());
-    if (!writable_in_place(given)) {
-      fail("a cache given to be written in place is shared, strided or not evaluated");
-    }
-    caches = std::move(given);
-  } else {
-    // make_arrays gives every output its own copy of the inputs, so each
-    // cache would be held once per output and never be donatable. Nothing
-    // reads the siblings' copies once evaluation has begun (MLX detaches
-    // them after this eval), so they are released here; tracers keep
-    // theirs, and MLX then holds their inputs anyway.
-    if (!outputs[0].is_tracer()) {
-      for (auto& out : outputs) {
-        if (&out.inputs() != &inputs) {
-          out.inputs().clear();
-        }
-      }
-    }
-    // A cache whose buffer nothing else holds is updated in place (as MLX's
-    // slice_update does); any other is copied into a fresh buffer first.
-    for (size_t c = 1; c < inputs.size(); ++c) {
-      const auto& in = inputs[c];
-      auto& out = outputs[c];
-      if (in.is_donatable() && in.flags().row_contiguous && in.data_size() == in.size()) {
-        out.copy_shared_buffer(in);
-      } else {
-        allocate(out);
-        copies.emplace_back(in, out);
-      }
-    }
-    caches.assign(outputs.begin() + 1, outputs.end());
-  }
+  std::vector<array> caches = caches_to_write(inputs, outputs, in_place_, copies);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (const auto& in : inputs) {
     enc.set_input_array(in);
@@ -516,6 +531,17 @@ void DecoderStackPrimitive::eval_cpu(
   });
 }
 
+void DecoderStackPrimitive::eval_gpu(
+    const std::vector<array>& inputs,
+    std::vector<array>& outputs) {
+  // A cache shared since the node was built (a view evaluated first) is
+  // the caller's error, as on the CPU, not a failure of the body.
+  if (in_place_ && !writable_in_place(std::vector<array>(inputs.begin() + 1, inputs.end()))) {
+    fail("a cache given to be written in place is shared, strided or not evaluated");
+  }
+  FallbackPrimitive::eval_gpu(inputs, outputs);
+}
+
 bool DecoderStackPrimitive::is_equivalent(const mx::Primitive& other) const {
   auto o = dynamic_cast<const DecoderStackPrimitive*>(&other);
   return o && o->layers_ == layers_ && o->embedding_ == embedding_ && o->head_ == head_ &&
@@ -541,14 +567,17 @@ void decoder_stack_push(
     const ArrayList& params,
     const DecoderLayerSpec& spec,
     rust::Slice<const int32_t> quant) {
-  auto layer = std::make_shared<PreparedLayer>();
-  layer->config = from_spec(spec, quant);
-  layer->config.batch = 0;
-  check_params(params.items, layer->config);
-  prepare_params(params.items, layer->params, layer->table, "decoder_layer parameter");
+  LayerConfig config = from_spec(spec, quant);
+  config.batch = 0;
+  check_params(params.items, config);
+  std::vector<array> prepared;
+  std::vector<size_t> table;
+  prepare_params(params.items, prepared, table, "decoder_layer parameter");
   // params: input norm, post norm, then q's weight, scales, biases, ...
-  layer->spec = to_spec(layer->config, layer->params[0], layer->params[3]);
-  stack.layers.push_back(std::move(layer));
+  DecoderLayerSpec layer_spec = to_spec(config, prepared[0], prepared[3]);
+  StepVectors vectors = step_vectors(prepared, config);
+  stack.layers.push_back(std::make_shared<const PreparedLayer>(PreparedLayer{
+      std::move(config), std::move(prepared), std::move(table), layer_spec, std::move(vectors)}));
 }
 
 void decoder_stack_set_embedding(
@@ -587,15 +616,16 @@ void decoder_stack_set_head(
     fail("the head needs [norm, w, scales, biases]");
   }
   check_vector(params.items[0], hidden, "final norm weight");
-  auto h = std::make_shared<PreparedHead>();
   std::vector<array> q(params.items.begin() + 1, params.items.end());
-  h->vocab = check_quant_matrix(kOp, "head", q, hidden, group_size, bits, {0});
-  h->eps = eps;
-  h->bits = bits;
-  h->group_size = group_size;
-  h->activations = activations;
-  prepare_params(params.items, h->params, h->table, "decoder_layer head");
-  stack.head = std::move(h);
+  int vocab = check_quant_matrix(kOp, "head", q, hidden, group_size, bits, {0});
+  std::vector<array> prepared;
+  std::vector<size_t> table;
+  prepare_params(params.items, prepared, table, "decoder_layer head");
+  array norm_f32 = mx::astype(prepared[0], mx::float32);
+  mx::eval(norm_f32);
+  stack.head = std::make_shared<const PreparedHead>(PreparedHead{
+      std::move(prepared), std::move(table), eps, bits, group_size, activations, vocab,
+      std::move(norm_f32)});
 }
 
 std::unique_ptr<ArrayList> kernel_decoder_stack(
@@ -678,12 +708,13 @@ std::unique_ptr<ArrayList> kernel_decoder_stack(
     shapes.push_back(inputs[i].shape());
     dtypes.push_back(inputs[i].dtype());
   }
-  out->items = array::make_arrays(
-      std::move(shapes), dtypes,
-      std::make_shared<DecoderStackPrimitive>(
-          s, std::move(fallback), layers, std::move(embedding), std::move(head), batch,
-          std::move(offs), in_place),
-      inputs);
+  auto primitive = std::make_shared<DecoderStackPrimitive>(
+      s, std::move(fallback), layers, embedding, head, batch, offs, in_place);
+  if (s.device == mx::Device::gpu) {
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
+        "decoder_layer", decoder_stack_cuda(layers, embedding, head, batch, offs, in_place), nullptr));
+  }
+  out->items = array::make_arrays(std::move(shapes), dtypes, std::move(primitive), inputs);
   return out;
 }
 

@@ -90,6 +90,8 @@ class DecoderStackPrimitive : public FallbackPrimitive {
         offsets_(std::move(offsets)),
         in_place_(in_place) {}
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
+  // Checks the caches to be written in place, then runs the GPU body.
+  void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
   const char* name() const override {
     return "DecoderStackKernel";
   }

@@ -110,22 +110,61 @@ impl DecoderLayer<'_> {
     }
 }
 
-/// Whether the CPU kernel takes activations of `x_dtype` (and caches of
-/// the same dtype) with these weights on the current stream.
+/// Whether the current stream's kernel takes activations of `x_dtype`
+/// (and caches of the same dtype) with these weights.
 pub fn eligibility(x_dtype: Dtype, layer: &DecoderLayer) -> Result<(), FallbackReason> {
-    activation_eligibility(x_dtype)?;
-    weights_eligibility(layer)
+    weights_eligibility(layer)?;
+    activation_eligibility(x_dtype, &[layer_dtypes(layer)], layer.head_dim)
 }
 
-/// The stream and x's side of [`eligibility`].
-fn activation_eligibility(x_dtype: Dtype) -> Result<(), FallbackReason> {
-    if !has_body(Kernel::DecoderLayer, Backend::current()) {
+/// A block's (or the head's) norm-group and scales dtypes, which the
+/// activations must hold without widening on a GPU (see
+/// [`activation_eligibility`]).
+#[derive(Clone, Copy, Debug)]
+struct ParamDtypes {
+    norms: Dtype,
+    scales: Dtype,
+}
+
+fn layer_dtypes(layer: &DecoderLayer) -> ParamDtypes {
+    ParamDtypes {
+        norms: layer.input_norm.dtype(),
+        scales: layer.projections[0].scales.dtype(),
+    }
+}
+
+/// The stream and x's side of [`eligibility`]. The CPU kernel takes f32
+/// activations (any scales). The CUDA body takes f32, f16 or bf16 when the
+/// unfused graph would keep that dtype throughout: f32 activations with
+/// any parameters, half activations only with norms and scales of their
+/// own dtype (f32 norms would widen every activation after the first norm).
+fn activation_eligibility(
+    x_dtype: Dtype,
+    params: &[ParamDtypes],
+    max_head_dim: i32,
+) -> Result<(), FallbackReason> {
+    let backend = Backend::current();
+    if !has_body(Kernel::DecoderLayer, backend) {
         return Err(FallbackReason::NoKernelForDevice);
     }
-    if x_dtype != Dtype::F32 {
-        return Err(FallbackReason::UnsupportedDtype);
+    match backend {
+        Backend::Cpu if x_dtype != Dtype::F32 => Err(FallbackReason::UnsupportedDtype),
+        Backend::Cpu => Ok(()),
+        _ if !matches!(x_dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) => {
+            Err(FallbackReason::UnsupportedDtype)
+        }
+        _ if x_dtype != Dtype::F32
+            && params
+                .iter()
+                .any(|p| p.norms != x_dtype || p.scales != x_dtype) =>
+        {
+            Err(FallbackReason::UnsupportedDtype)
+        }
+        _ if max_head_dim > super::CUDA_ATTENTION_MAX_HEAD_DIM => {
+            Err(FallbackReason::UnsupportedShape)
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The weights' side of [`eligibility`].
@@ -187,6 +226,8 @@ pub struct DecoderStack {
     weights: Result<(), FallbackReason>,
     /// Per block: `(n_kv_heads, head_dim)`, the shape of its caches.
     kv_shapes: Vec<(i32, i32)>,
+    /// Per block, then the head's once set: the parameters' dtypes.
+    param_dtypes: Vec<ParamDtypes>,
     /// The token embedding table's eligibility, once one is set.
     embedding: Option<Result<(), FallbackReason>>,
     /// The final norm and head's eligibility, once they are set.
@@ -208,6 +249,7 @@ impl DecoderStack {
         let mut inner = ffi::new_decoder_stack();
         let mut weights = Ok(());
         let mut kv_shapes = Vec::with_capacity(layers.len());
+        let mut param_dtypes = Vec::with_capacity(layers.len() + 1);
         for (l, layer) in layers.iter().enumerate() {
             if layer.input_norm.dim(0)? != hidden {
                 return Err(err(format!(
@@ -246,11 +288,13 @@ impl DecoderStack {
                 weights = weights_eligibility(layer);
             }
             kv_shapes.push((layer.n_kv_heads, layer.head_dim));
+            param_dtypes.push(layer_dtypes(layer));
         }
         Ok(DecoderStack {
             inner,
             weights,
             kv_shapes,
+            param_dtypes,
             embedding: None,
             head: None,
             in_place: false,
@@ -320,6 +364,10 @@ impl DecoderStack {
         )
         .map_err(OpError::from_cxx("decoder_layer"))?;
         let float = |d: Dtype| matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+        self.param_dtypes.push(ParamDtypes {
+            norms: norm.dtype(),
+            scales: head.scales.dtype(),
+        });
         self.head = Some(
             if !float(norm.dtype())
                 || !float(head.scales.dtype())
@@ -385,11 +433,12 @@ impl DecoderStack {
         self.kv_shapes.get(l).copied()
     }
 
-    /// Whether the CPU kernel takes activations of `x_dtype` with these
-    /// weights (and head) on the current stream.
+    /// Whether the current stream's kernel takes activations of `x_dtype`
+    /// with these weights (and head).
     pub fn eligibility(&self, x_dtype: Dtype) -> Result<(), FallbackReason> {
-        activation_eligibility(x_dtype)?;
         self.weights?;
+        let head_dim = self.kv_shapes.iter().map(|s| s.1).max().unwrap_or(0);
+        activation_eligibility(x_dtype, &self.param_dtypes, head_dim)?;
         self.head.unwrap_or(Ok(()))
     }
 
@@ -475,10 +524,12 @@ impl DecoderStack {
                 ),
             ));
         }
+        // The blocks' activations: the looked-up rows are f32.
+        let x_dtype = if tokens { Dtype::F32 } else { input.dtype() };
         let eligibility = eligibility.and_then(|()| {
             caches
                 .iter()
-                .all(|(k, v)| k.dtype() == Dtype::F32 && v.dtype() == Dtype::F32)
+                .all(|(k, v)| k.dtype() == x_dtype && v.dtype() == x_dtype)
                 .then_some(())
                 .ok_or(FallbackReason::UnsupportedDtype)
         });
