@@ -14,6 +14,7 @@
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
 use mlx_backend::kernels::ActivationPrecision;
+use mlx_backend::model::synthetic::{synthetic_folder, SyntheticShape, SyntheticWeights};
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
     ForwardBatch, ForwardMode, ForwardOutput, MlxModelRunner, ModelRunner, RequestInput,
@@ -31,8 +32,17 @@ use std::time::Instant;
 struct Args {
     /// A GGUF file or an `org/name` hub id (default: the default model,
     /// fetched if missing).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "synthetic")]
     model: Option<String>,
+    /// A published model shape with seeded random weights instead
+    /// (`mlx_backend::model::synthetic`): smollm2-135m, qwen3-0.6b,
+    /// qwen1.5-moe-a2.7b or qwen3-30b-a3b. Written once under the cache's
+    /// `synthetic/` folder; the mlx-lm peer loads the same folder.
+    #[arg(long, value_name = "NAME")]
+    synthetic: Option<SyntheticShape>,
+    /// The synthetic checkpoint's weights: 4-bit groups of 64, or bf16.
+    #[arg(long, value_enum, default_value = "q4")]
+    synthetic_weights: SyntheticKind,
     /// Prompt lengths to prefill, each >= 1.
     #[arg(
         long,
@@ -80,6 +90,25 @@ struct Args {
     /// idle time between requests (needs --no-peers).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     idle_ms: u64,
+}
+
+/// `--synthetic-weights`.
+#[derive(Clone, Copy, ValueEnum)]
+enum SyntheticKind {
+    Q4,
+    Bf16,
+}
+
+impl From<SyntheticKind> for SyntheticWeights {
+    fn from(k: SyntheticKind) -> Self {
+        match k {
+            SyntheticKind::Q4 => SyntheticWeights::Quantized {
+                group_size: 64,
+                bits: 4,
+            },
+            SyntheticKind::Bf16 => SyntheticWeights::Bf16,
+        }
+    }
 }
 
 /// `--activations`: `ActivationPrecision` on the command line.
@@ -308,7 +337,7 @@ fn venv_python(name: &str) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-fn bench_peer(engine: &str, python: &Path, gguf: &Path, a: &Args) -> Option<Results> {
+fn bench_peer(engine: &str, python: &Path, model: &Path, a: &Args) -> Option<Results> {
     let join = |v: &[usize]| {
         v.iter()
             .map(|x| x.to_string())
@@ -319,8 +348,21 @@ fn bench_peer(engine: &str, python: &Path, gguf: &Path, a: &Args) -> Option<Resu
     eprintln!("running {engine} ...");
     let out = Command::new(python)
         .arg(script)
-        .args(["--engine", engine, "--gguf"])
-        .arg(gguf)
+        .args(["--engine", engine])
+        .arg(if model.is_dir() {
+            "--hf-folder"
+        } else {
+            "--gguf"
+        })
+        .arg(model)
+        .args([
+            "--device",
+            if mlx_backend::Stream::current().device() == mlx_backend::Device::Cpu {
+                "cpu"
+            } else {
+                "gpu"
+            },
+        ])
         .args([
             "--prefill",
             &join(&a.prefill),
@@ -394,7 +436,22 @@ fn main() {
 
 fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     let with_peers = !a.no_peers;
-    let path = fetch::resolve(a.model.as_deref()).map_err(|e| format!("model: {e}"))?;
+    let path = match a.synthetic {
+        Some(shape) => {
+            let root = fetch::cache_dir().join("synthetic");
+            std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+            let t = Instant::now();
+            let dir = synthetic_folder(&root, shape, a.synthetic_weights.into(), 0)
+                .map_err(|e| format!("synthetic {shape}: {e}"))?;
+            eprintln!(
+                "synthetic {shape}: {} ({:.1} s)",
+                dir.display(),
+                t.elapsed().as_secs_f64()
+            );
+            dir
+        }
+        None => fetch::resolve(a.model.as_deref()).map_err(|e| format!("model: {e}"))?,
+    };
     // Our kernels' CPU team takes as many threads as the peers (read when
     // the team starts, on the first kernel call).
     std::env::set_var("MLX_BACKEND_THREADS", a.threads.to_string());
@@ -461,7 +518,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     if let Some(r) = Results::median_of(&llama_rounds) {
         peers.push(("llama_cpp", r));
     }
-    if with_peers && gguf {
+    if with_peers {
         if let Some(r) = python("oracle-venv").and_then(|py| bench_peer("mlx_lm", &py, &path, a)) {
             peers.push(("mlx_lm", r));
         }

@@ -8,7 +8,8 @@ stdout of the engines included: fd 1 is redirected to fd 2 while running).
   mlx_lm     run with "$(scripts/oracle-venv.sh)/bin/python"
              mlx_lm.models.llama.Model built from the GGUF's quantized tensors
              exactly as tests/reference/default_model_goldens.py does
-             (build_mlx_model, imported from there), on mx.cpu.
+             (build_mlx_model, imported from there), on mx.cpu (--device gpu:
+             mx.gpu, as scripts/gpu/run.sh peer runs it).
   llama_cpp  run with "$(scripts/llama-cpp-venv.sh)/bin/python"
              llama-cpp-python (0.3.36): Llama.eval for prefill, the low-level
              llama_batch API (one llama_decode per step, B seq_ids) for decode.
@@ -102,6 +103,18 @@ def decode_row(b: int, step_times, steps: int, repeats: int, final_ids):
 # --------------------------------------------------------------------------- mlx-lm
 
 
+def backend_package() -> str:
+    """The MLX backend wheel and its version (mlx-cpu, or mlx-cuda-13 unpacked without metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("mlx-cpu", "mlx-cuda-13"):
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            pass
+    return "MLX backend libraries without package metadata"
+
+
 def run_mlx(a) -> dict:
     # mlx-cpu links reference (netlib) BLAS; set the usual knobs anyway so a
     # threaded BLAS, if ever present, honours --threads.
@@ -114,15 +127,22 @@ def run_mlx(a) -> dict:
     sys.path.insert(0, str(REPO / "tests" / "reference"))
     from default_model_goldens import build_mlx_model  # noqa: E402  (exact oracle construction)
 
-    mx.set_default_device(mx.cpu)
+    mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
     t0 = time.perf_counter()
-    model, args, _ = build_mlx_model(a.gguf)
+    if a.hf_folder:
+        # A synthetic checkpoint (mlx_backend::model::synthetic): mlx-lm's own loader.
+        from mlx_lm.utils import load_model
+
+        model, _ = load_model(a.hf_folder)
+        args = model.args
+    else:
+        model, args, _ = build_mlx_model(a.gguf)
     load_s = time.perf_counter() - t0
     log(f"mlx: model built in {load_s:.2f}s on {mx.default_device()}")
 
     def head(h):
         # lm_head (tied embeddings for SmolLM2) on the given hidden states only.
-        if args.tie_word_embeddings:
+        if getattr(args, "tie_word_embeddings", False):
             return model.model.embed_tokens.as_linear(h)
         return model.lm_head(h)
 
@@ -172,11 +192,11 @@ def run_mlx(a) -> dict:
 
     return {
         "engine": "mlx_lm",
-        "version": f"mlx {version('mlx')}, mlx-cpu {version('mlx-cpu')}, mlx-lm {version('mlx-lm')}",
+        "version": f"mlx {version('mlx')}, {backend_package()}, mlx-lm {version('mlx-lm')}",
         "device": str(mx.default_device()),
         "threads": a.threads,
         "threads_note": "MLX CPU backend: --threads only sets OMP/OPENBLAS/MKL_NUM_THREADS (mlx-cpu bundles single-threaded reference BLAS)",
-        "model": "mlx_lm.models.llama.Model via tests/reference/default_model_goldens.py:build_mlx_model",
+        "model": f"mlx_lm.utils.load_model({a.hf_folder})" if a.hf_folder else "mlx_lm.models.llama.Model via tests/reference/default_model_goldens.py:build_mlx_model",
         "decode_mode": "batched: one [B,1] forward per step over a make_prompt_cache KV cache prefilled with a [B,32] batch",
         "load_seconds": load_s,
         "prefill": prefill,
@@ -306,16 +326,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", required=True, choices=["mlx_lm", "llama_cpp"])
     ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    ap.add_argument("--hf-folder", type=Path, default=None, help="mlx_lm only: an mlx-community style folder instead of the GGUF")
     ap.add_argument("--prefill", type=int_list, default=int_list("32,256,1024"))
     ap.add_argument("--decode-batch", type=int_list, default=int_list("1,4,16"))
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="mlx-lm's device (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per workload (default: %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     a.gguf = a.gguf.expanduser()
-    if not a.gguf.exists():
+    if a.hf_folder and a.engine != "mlx_lm":
+        sys.exit("--hf-folder is for --engine mlx_lm")
+    if not a.hf_folder and not a.gguf.exists():
         sys.exit(f"{a.gguf} missing: run scripts/fetch-default-model.sh")
     if a.repeats < 1 or a.decode_steps < 1:
         sys.exit("--repeats and --decode-steps must be >= 1")
@@ -332,7 +356,7 @@ def main() -> None:
         sys.stdout.flush()
         os.dup2(json_fd, 1)
         os.close(json_fd)
-    out["gguf"] = str(a.gguf)
+    out["model_path"] = str(a.hf_folder or a.gguf)
     out["workload"] = {
         "token_ids": f"numpy default_rng(seed) integers in [{TOKEN_LO}, {TOKEN_HI}); prefill seed={a.seed}, decode prompts seed={a.seed + 1}",
         "decode_prompt_len": DECODE_PROMPT_LEN,

@@ -14,6 +14,7 @@ mod llama;
 mod qwen2;
 mod qwen3;
 mod qwen_moe;
+pub mod synthetic;
 mod transformer;
 mod weights;
 

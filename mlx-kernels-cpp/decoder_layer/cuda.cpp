@@ -292,16 +292,23 @@ class DecoderStackCuda : public GpuBody {
   }
 
  private:
-  // dst = src, byte for byte (a cache that cannot be written in place).
+  // dst = src, a cache that cannot be written in place (any view).
   void copy(StepLauncher& step, const array& src, array& dst) {
-    if (src.nbytes() % 16 != 0 || !src.flags().row_contiguous || !aligned16({src, dst})) {
-      throw std::runtime_error("decoder_layer CUDA body: a cache to copy is not a dense 16-byte-aligned buffer");
+    if (src.ndim() != 4 || (src.itemsize() != 2 && src.itemsize() != 4)) {
+      throw std::logic_error("decoder_layer CUDA body: caches are 4-D float arrays (the op checks this)");
     }
-    const void* sp = device_ptr(src);
-    void* dp = device_ptr_mut(dst);
-    long long n16 = static_cast<long long>(src.nbytes() / 16);
-    int blocks = static_cast<int>(std::min<long long>((n16 + 255) / 256, 1024));
-    step.launch("mlx_backend_step_copy", dim3(std::max(blocks, 1)), dim3(256), {src}, {dst}, {&sp, &dp, &n16});
+    CopyArgs a{};
+    a.src = device_ptr(src);
+    a.dst = device_ptr_mut(dst);
+    for (int d = 0; d < 4; ++d) {
+      a.shape[d] = src.shape(d);
+      a.strides[d] = src.strides(d);
+    }
+    a.n = static_cast<long long>(src.size());
+    int blocks = static_cast<int>(std::min<long long>((a.n + 255) / 256, 4096));
+    step.launch(
+        std::string("mlx_backend_step_copy_b") + std::to_string(src.itemsize()), dim3(std::max(blocks, 1)),
+        dim3(256), {src}, {dst}, {&a});
   }
 
   void embed(StepLauncher& step, const array& ids, array& h) {

@@ -254,11 +254,30 @@ __device__ void step_attention(const StepAttentionArgs& a) {
 
 } // namespace
 
-extern "C" __global__ void mlx_backend_step_copy(const uint4* src, uint4* dst, long long n16) {
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n16;
+// dst (dense) = src (any 4-D view, strides in elements), for caches that
+// cannot be written in place.
+template <typename W>
+__device__ void copy_view(const mlx_backend::CopyArgs& a) {
+  const W* src = static_cast<const W*>(a.src);
+  W* dst = static_cast<W*>(a.dst);
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < a.n;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
-    dst[i] = src[i];
+    long long rest = i;
+    long long at = 0;
+    for (int d = 3; d >= 0; d--) {
+      at += (rest % a.shape[d]) * a.strides[d];
+      rest /= a.shape[d];
+    }
+    dst[i] = src[at];
   }
+}
+
+extern "C" __global__ void mlx_backend_step_copy_b2(mlx_backend::CopyArgs a) {
+  copy_view<uint16_t>(a);
+}
+
+extern "C" __global__ void mlx_backend_step_copy_b4(mlx_backend::CopyArgs a) {
+  copy_view<uint32_t>(a);
 }
 
 #define STEP_ACTIVATION_KERNELS(S, T)                                                          \

@@ -90,4 +90,13 @@ struct StepAttentionArgs {
   float scale;
 };
 
+// A 4-D view copied into a dense buffer of the same shape.
+struct CopyArgs {
+  const void* src;
+  void* dst;
+  long long shape[4];
+  long long strides[4];
+  long long n;
+};
+
 } // namespace mlx_backend

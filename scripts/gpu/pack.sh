@@ -11,7 +11,8 @@
 #                        model. Changes only with MLX or the model: reused
 #                        when its inputs are unchanged.
 #   app.tar.xz.part-*    the stripped test binaries, examples and GPU kernel bench,
-#                        and scripts/gpu.
+#                        scripts/gpu, and the mlx-lm peer's wheels (MLX's cp312
+#                        bindings and mlx-lm, ~1.3 MB).
 # Paths inside are absolute (the binaries' RUNPATH points into the cache), so
 # the device extracts them at /.
 #
@@ -70,6 +71,16 @@ for e in generate bench_one_batch; do
   strip -o "$APP/examples/$e" "$CARGO_TARGET_DIR/release/examples/$e"
 done
 cp scripts/gpu/*.sh "$APP/scripts/"
+# The mlx-lm peer for run.sh peer: the device's Python is 3.12, so MLX's
+# cp312 bindings (unpacked there over the CUDA layout's mlx/) and mlx-lm.
+PEER_WHEELS="$CACHE/peer-wheels-0.32.4"
+if [[ ! -d "$PEER_WHEELS" ]]; then
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_35_x86_64 mlx==0.32.4 mlx-lm==0.32.2 -d "$PEER_WHEELS.partial" >&2
+  mv "$PEER_WHEELS.partial" "$PEER_WHEELS"
+fi
+mkdir -p "$APP/peer"
+cp "$PEER_WHEELS"/*.whl "$APP/peer/"
 # Tests read goldens and fixtures from the source tree by absolute path.
 mkdir -p "$STAGE/${ROOT#/}"
 cp -r tests "$STAGE/${ROOT#/}/"

@@ -9,6 +9,12 @@
 # generate  the generate example on the GPU (the known greedy answer)
 # bench     bench_one_batch --no-peers on the GPU
 # kernels   the GPU kernel bench (benches/gpu_kernels.rs)
+# peer      the default model through mlx-lm on the GPU (benches/peers/bench_peers.py,
+#           the workloads of bench), right after ours: run it in the call
+#           that runs bench, for a side-by-side ratio
+# synthetic for each published shape in GPU_SYNTHETIC (default: qwen3-0.6b
+#           qwen1.5-moe-a2.7b), bench_one_batch --synthetic on ours, then
+#           mlx-lm on the same folder
 # Reports and logs go to $OUT (the device tool returns it), else ./gpu-report.
 # Env: GPU_TESTS         only these test binaries (names without hash)
 #      GPU_TEST_TIMEOUT  seconds one test may take (default 300)
@@ -118,6 +124,41 @@ if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
   echo '## bench_one_batch --no-peers (GPU)' >>"$REPORT"
   echo '```' >>"$REPORT"
   "$APP/examples/bench_one_batch" --no-peers --prefill 32,512 --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>&1 || status=1
+  echo '```' >>"$REPORT"
+fi
+if [[ "$WHAT" == peer || "$WHAT" == synthetic ]]; then
+  # MLX's Python package: the CUDA layout's mlx/ (libmlx and its kernels)
+  # with the cp312 bindings unpacked over it, and mlx-lm beside it.
+  PY=/tmp/mlx-backend-gpu/python
+  # The binaries' RUNPATH is the layout's mlx/lib.
+  LIB="$(readelf -d "$GEN" | sed -n 's/.*R[UN]*PATH.*\[\(.*\)\]/\1/p' | tr ':' '\n' | grep '/mlx/lib$' | head -1)"
+  if [[ ! -d "$PY/mlx_lm" ]]; then
+    rm -rf "$PY" && mkdir -p "$PY"
+    cp -r "$(dirname "$LIB")" "$PY/mlx"
+    cp -r "$(dirname "$(dirname "$LIB")")/mlx_cuda_13.libs" "$PY/"
+    for w in "$APP"/peer/*.whl; do python3 -m zipfile -e "$w" "$PY/"; done
+  fi
+fi
+if [[ "$WHAT" == synthetic ]]; then
+  for shape in ${GPU_SYNTHETIC:-qwen3-0.6b qwen1.5-moe-a2.7b}; do
+    echo >>"$REPORT"
+    echo "## $shape (synthetic, 4-bit g64): ours, then mlx-lm" >>"$REPORT"
+    echo '```' >>"$REPORT"
+    "$APP/examples/bench_one_batch" --no-peers --synthetic "$shape" --prefill 512 \
+      --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>&1 || status=1
+    PYTHONPATH="$PY" python3 benches/peers/bench_peers.py --engine mlx_lm --device gpu \
+      --hf-folder "$(dirname "$(dirname "$(dirname "$LIB")")")/synthetic/$shape-q4g64-seed0" \
+      --prefill 512 --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>>"$REPORT_DIR/peer.log" || status=1
+    echo '```' >>"$REPORT"
+  done
+fi
+if [[ "$WHAT" == peer ]]; then
+  echo >>"$REPORT"
+  echo '## mlx-lm on the GPU (benches/peers/bench_peers.py --device gpu)' >>"$REPORT"
+  echo '```' >>"$REPORT"
+  PYTHONPATH="$PY" python3 benches/peers/bench_peers.py --engine mlx_lm --device gpu \
+    --gguf "$(dirname "$(dirname "$(dirname "$LIB")")")/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    --prefill 32,512 --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>"$REPORT_DIR/peer.log" || status=1
   echo '```' >>"$REPORT"
 fi
 if [[ "$WHAT" == all || "$WHAT" == kernels ]]; then

@@ -326,6 +326,13 @@ impl DecoderStack {
     /// dense, row-contiguous, and holding its buffer alone (no view,
     /// slice or other cache shares it, so nothing else sees the write).
     pub fn caches_writable_in_place(caches: &[(&Array, &Array)]) -> bool {
+        // On a GPU stream, MLX holds the buffers a finished evaluation
+        // read until its completion handler runs, a little after the
+        // results are ready: waiting for the stream (idle by now, so
+        // cheap) lets them go, or every step would see its caches shared.
+        if Backend::current() != Backend::Cpu && ffi::synchronize(stream()).is_err() {
+            return false;
+        }
         // One call per array and no list of them: at batch 16 a list of
         // the step's 960 caches took ~0.2 ms to build.
         let mut buffers = Vec::with_capacity(2 * caches.len());
