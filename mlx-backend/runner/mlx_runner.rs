@@ -506,6 +506,41 @@ impl ModelRunner for MlxModelRunner {
         }
     }
 
+    fn copy_prefix(
+        &mut self,
+        from: RequestId,
+        to: RequestId,
+        tokens: usize,
+    ) -> Result<(), RunnerError> {
+        let held = self
+            .kv
+            .get(from)
+            .map(|s| s.cached())
+            .ok_or(RunnerError::UnknownRequest(from))?;
+        if self.kv.contains(to) || from == to {
+            return Err(RunnerError::DuplicateRequest(to));
+        }
+        if tokens == 0 || tokens > held {
+            return Err(RunnerError::CachedMismatch {
+                id: from,
+                claimed: tokens,
+                actual: held,
+            });
+        }
+        let available = self
+            .kv
+            .budget_tokens
+            .saturating_sub(self.kv.cached_tokens());
+        if tokens > available {
+            return Err(RunnerError::KvBudgetExceeded {
+                needed: tokens,
+                available,
+                budget: self.kv.budget_tokens,
+            });
+        }
+        self.kv.copy_prefix(from, to, tokens, &self.model)
+    }
+
     fn metrics(&self) -> RunnerMetrics {
         RunnerMetrics {
             active_requests: self.kv.active(),
