@@ -45,11 +45,7 @@ struct Inner {
 impl Inner {
     fn stop(&self) {
         let _ = self.commands.send(Command::Shutdown);
-        let join = self
-            .thread
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let join = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(join) = join {
             if join.thread().id() != thread::current().id() {
                 let _ = join.join();
@@ -82,9 +78,8 @@ impl Engine {
         R: ModelRunner + 'static,
         F: FnOnce() -> Result<ModelBundle<R>, EngineError> + Send + 'static,
     {
-        let metrics = Arc::new(
-            EngineMetrics::new().map_err(|e| EngineError::Internal(e.to_string()))?,
-        );
+        let metrics =
+            Arc::new(EngineMetrics::new().map_err(|e| EngineError::Internal(e.to_string()))?);
         let waiting = Arc::new(AtomicUsize::new(0));
         let (commands, inbox) = mpsc::channel::<Command>();
         let (ready_tx, ready_rx) = mpsc::channel::<Ready>();

@@ -116,7 +116,12 @@ impl ModelBundle<crate::runner::RunnerHandle> {
         // The load's own error, when it failed (the handle only says Stopped).
         let parts = match rx.recv() {
             Ok(r) => r?,
-            Err(_) => return Err(spawned.err().unwrap_or(crate::runner::RunnerError::Stopped).into()),
+            Err(_) => {
+                return Err(spawned
+                    .err()
+                    .unwrap_or(crate::runner::RunnerError::Stopped)
+                    .into())
+            }
         };
         Ok(parts.with_runner(spawned?).0)
     }

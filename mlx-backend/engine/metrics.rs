@@ -91,16 +91,16 @@ impl EngineMetrics {
         // 1 ms to ~65 s: a token on a busy CPU to a long queue wait.
         let latency = exponential_buckets(0.001, 2.0, 17)?;
         Ok(EngineMetrics {
-            waiting: gauge("mlx_engine_waiting_requests", "Requests waiting for admission")?,
+            waiting: gauge(
+                "mlx_engine_waiting_requests",
+                "Requests waiting for admission",
+            )?,
             running: gauge(
                 "mlx_engine_running_requests",
                 "Requests admitted (prefilling or decoding)",
             )?,
             prompt_tokens: counter("mlx_engine_prompt_tokens_total", "Prompt tokens admitted")?,
-            generation_tokens: counter(
-                "mlx_engine_generation_tokens_total",
-                "Tokens sampled",
-            )?,
+            generation_tokens: counter("mlx_engine_generation_tokens_total", "Tokens sampled")?,
             tokens_per_second: fgauge(
                 "mlx_engine_generation_tokens_per_second",
                 "Tokens sampled per second over the last 5 seconds",

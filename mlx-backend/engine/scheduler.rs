@@ -520,11 +520,9 @@ impl<R: ModelRunner> Scheduler<R> {
         m.kv_prefix_cache_tokens
             .set(self.prefix.retained_tokens() as i64);
         m.kv_reserved_tokens.set(self.reserved as i64);
-        m.prefix_entries
-            .set(self.prefix.retained_entries() as i64);
-        m.kv_usage.set(
-            (held + self.prefix.retained_tokens()) as f64 / self.capacity.max(1) as f64,
-        );
+        m.prefix_entries.set(self.prefix.retained_entries() as i64);
+        m.kv_usage
+            .set((held + self.prefix.retained_tokens()) as f64 / self.capacity.max(1) as f64);
         let queried = m.prefix_query_tokens.get();
         if queried > 0 {
             m.prefix_hit_rate

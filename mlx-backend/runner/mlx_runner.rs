@@ -238,6 +238,11 @@ impl MlxModelRunner {
                 .forward(&tokens, &mut state.caches, Logits::Last)?;
             if r.last_chunk {
                 rows[i] = Some(logits.reshape(&[-1])?);
+            } else if r.tokens.len() == 1 {
+                // One token runs as a fused decode node that writes the
+                // caches in place when it is evaluated; its caches look
+                // evaluated already, so only its output makes it run.
+                crate::eval(&[&logits])?;
             }
         }
         let decode: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].decode).collect();
