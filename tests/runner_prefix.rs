@@ -120,7 +120,7 @@ fn copies_between_batched_decodes_change_no_row() {
 
 fn copies_between_batched_decodes(path: &std::path::Path, same_prompts: bool) {
     let b = ModelBundle::load(
-        &path,
+        path,
         &LoadOptions::for_device(Device::Cpu),
         RunnerConfig::default(),
     )

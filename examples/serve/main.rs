@@ -295,7 +295,7 @@ fn stream_response(
         let out: Option<Vec<Value>> = match e {
             Event::Delta { text, token } => {
                 let token: Vec<SampledToken> = token.into_iter().collect();
-                if text.is_empty() && !(logprobs && !token.is_empty()) {
+                if text.is_empty() && (token.is_empty() || !logprobs) {
                     None
                 } else {
                     let mut chunks = Vec::new();

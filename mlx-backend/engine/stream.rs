@@ -8,6 +8,7 @@ use crate::runner::RequestId;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -136,18 +137,19 @@ impl EventStream {
         }
     }
 
-    /// [`recv`](Self::recv) waiting at most `timeout`: `Err(())` on timeout.
-    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Event>, ()> {
+    /// [`recv`](Self::recv) waiting at most `timeout`: `Timeout` when
+    /// nothing came, `Disconnected` after `Finished`.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Event, RecvTimeoutError> {
         let channel = Arc::clone(&self.channel);
         let deadline = std::time::Instant::now() + timeout;
         let mut s = channel.lock();
         loop {
             if let Some(r) = self.take(&mut s) {
-                return Ok(r);
+                return r.ok_or(RecvTimeoutError::Disconnected);
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return Err(());
+                return Err(RecvTimeoutError::Timeout);
             }
             s = channel
                 .ready

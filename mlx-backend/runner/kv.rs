@@ -115,10 +115,8 @@ impl KvStore {
             crate::eval(&buffers)?;
             Ok(())
         })();
-        if let Err(e) = copied {
-            // The buffers may hold part of the copy: not pooled.
-            return Err(e);
-        }
+        // On failure the buffers may hold part of the copy: not pooled.
+        copied?;
         self.requests.insert(
             to,
             RequestState {
