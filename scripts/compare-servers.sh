@@ -33,7 +33,7 @@ trap cleanup EXIT
 MLX_BACKEND_THREADS="$THREADS" "$BIN/serve" --model "$MODEL" --port "$OURS_PORT" >/tmp/compare-ours.log 2>&1 &
 pids+=($!)
 "$VENV/bin/python" -m llama_cpp.server --model "$MODEL" --host 127.0.0.1 --port "$PEER_PORT" \
-  --n_threads "$THREADS" --n_ctx 8192 >/tmp/compare-llama.log 2>&1 &
+  --n_threads "$THREADS" --n_ctx 8192 --interrupt_requests False >/tmp/compare-llama.log 2>&1 &
 pids+=($!)
 
 for port in "$OURS_PORT" "$PEER_PORT"; do
