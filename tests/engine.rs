@@ -270,6 +270,28 @@ fn the_prefix_cache_changes_no_greedy_output() {
 }
 
 #[test]
+fn the_prefix_cache_keeps_at_most_its_entries() {
+    let Some(path) = model() else { return };
+    let config = EngineConfig {
+        prefix_cache_max_entries: 2,
+        ..EngineConfig::default()
+    };
+    let engine = engine(&path, RunnerConfig::default(), config);
+    for i in 0..5 {
+        // Distinct prompts past the template's shared prefix: no entry
+        // covers another.
+        let c = engine
+            .submit(GenerateRequest::chat(chat(i)).with_max_tokens(4))
+            .unwrap()
+            .collect_all();
+        assert!(c.finished.is_some());
+    }
+    let m = engine.metrics();
+    assert_eq!(m.prefix_cache_entries, 2, "{m:?}");
+    assert!(m.kv_prefix_cache_tokens > 0);
+}
+
+#[test]
 fn a_request_that_can_never_fit_is_refused_alone_and_the_queue_waits_for_kv() {
     let Some(path) = model() else { return };
     let mut reference = Reference::new(&path);

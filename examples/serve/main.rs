@@ -72,6 +72,9 @@ struct Args {
     /// Recompute every prompt instead of reusing cached prefixes.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// Finished requests whose KV the prefix cache keeps at most.
+    #[arg(long, default_value_t = 32)]
+    prefix_cache_entries: usize,
 }
 
 struct AppState {
@@ -445,6 +448,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         prefill_tokens_per_step: args.prefill_chunk as usize,
         default_max_tokens: args.default_max_tokens as usize,
         prefix_cache: !args.no_prefix_cache,
+        prefix_cache_max_entries: args.prefix_cache_entries,
         ..EngineConfig::default()
     };
     let engine = Engine::load(&path, LoadOptions::for_device(Device::Cpu), runner, config)?;

@@ -20,6 +20,11 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// The shortest prefix worth copying instead of recomputing.
     pub prefix_cache_min_tokens: usize,
+    /// Finished requests whose KV the prefix cache keeps at most. The KV
+    /// budget counts tokens, but a cache holds whole growth steps (256
+    /// positions by default), so a short entry can hold several times its
+    /// tokens' memory: the count bounds that.
+    pub prefix_cache_max_entries: usize,
 }
 
 impl Default for EngineConfig {
@@ -31,6 +36,7 @@ impl Default for EngineConfig {
             default_max_tokens: 256,
             prefix_cache: true,
             prefix_cache_min_tokens: 16,
+            prefix_cache_max_entries: 32,
         }
     }
 }

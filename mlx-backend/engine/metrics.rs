@@ -16,6 +16,8 @@ pub struct MetricsSnapshot {
     pub kv_request_tokens: usize,
     /// KV tokens the prefix cache keeps for finished requests.
     pub kv_prefix_cache_tokens: usize,
+    /// Finished requests the prefix cache keeps.
+    pub prefix_cache_entries: usize,
     pub kv_capacity_tokens: usize,
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
@@ -181,6 +183,7 @@ impl EngineMetrics {
             running_requests: g(&self.running),
             kv_request_tokens: g(&self.kv_request_tokens),
             kv_prefix_cache_tokens: g(&self.kv_prefix_cache_tokens),
+            prefix_cache_entries: g(&self.prefix_entries),
             kv_capacity_tokens: g(&self.kv_capacity),
             prompt_tokens_total: self.prompt_tokens.get(),
             generation_tokens_total: self.generation_tokens.get(),

@@ -433,7 +433,13 @@ impl<R: ModelRunner> Scheduler<R> {
         let id = a.req.id;
         let normal = matches!(reason, FinishReason::Stop | FinishReason::Length);
         if normal && self.config.prefix_cache {
-            let release = self.prefix.add_finished(id, a.fed());
+            let mut release = self.prefix.add_finished(id, a.fed());
+            while self.prefix.retained_entries() > self.config.prefix_cache_max_entries {
+                match self.prefix.evict_lru() {
+                    Some((old, _)) => release.push(old),
+                    None => break,
+                }
+            }
             if !release.is_empty() {
                 self.runner.release(&release);
             }
