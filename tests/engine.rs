@@ -505,3 +505,62 @@ fn shutdown_aborts_what_is_in_flight() {
         Err(EngineError::ShutDown)
     ));
 }
+
+#[test]
+fn a_long_prompt_arriving_keeps_running_streams_at_their_pace() {
+    let Some(path) = model() else { return };
+    let config = EngineConfig {
+        prefill_tokens_per_step: 64,
+        ..EngineConfig::default()
+    };
+    let engine = engine(&path, RunnerConfig::default(), config);
+    let mut running = GenerateRequest::chat(chat(4)).with_max_tokens(400);
+    running.ignore_eos = true;
+    let mut stream = engine.submit(running).unwrap();
+    for _ in 0..5 {
+        assert!(matches!(stream.recv(), Some(Event::Delta { .. })));
+    }
+    // ~800 prompt tokens: 13 chunks of 64 beside the running decode.
+    let paragraph = engine
+        .tokenizer()
+        .encode(
+            "The river runs past the old mill and under the stone bridge. ",
+            false,
+        )
+        .unwrap();
+    let long: Vec<u32> = paragraph.iter().copied().cycle().take(800).collect();
+    let start = Instant::now();
+    let long_stream = engine
+        .submit(GenerateRequest::tokens(long).with_max_tokens(1))
+        .unwrap();
+    let prefill = std::thread::spawn(move || {
+        let c = long_stream.collect_all();
+        c.finished.unwrap().time_to_first_token.unwrap()
+    });
+    let mut gaps = Vec::new();
+    let mut last = Instant::now();
+    while !prefill.is_finished() {
+        match stream.recv() {
+            Some(Event::Delta { .. }) => {
+                gaps.push(last.elapsed());
+                last = Instant::now();
+            }
+            other => panic!("the running stream ended: {other:?}"),
+        }
+    }
+    let ttft = prefill.join().unwrap();
+    let worst = gaps.iter().max().copied().unwrap_or_default();
+    assert!(
+        gaps.len() >= 5,
+        "{} tokens while the prompt ran",
+        gaps.len()
+    );
+    // Whole, the prompt would stall the stream for its full prefill; in
+    // chunks, for about one chunk's time.
+    assert!(
+        worst * 3 < ttft,
+        "worst gap {worst:?} against the prompt's prefill of {ttft:?} ({} gaps, started {:?} ago)",
+        gaps.len(),
+        start.elapsed()
+    );
+}
