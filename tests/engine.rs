@@ -431,29 +431,18 @@ fn stop_strings_stop_ids_max_tokens_and_logprobs() {
 #[test]
 fn cancelling_releases_the_kv_through_a_runner_handle() {
     let Some(path) = model() else { return };
-    let p2 = path.clone();
-    let handle =
-        RunnerHandle::spawn(move || MlxModelRunner::load(&p2, &options(), RunnerConfig::default()))
-            .unwrap();
-    let probe = handle.clone();
-    let (tokenizer, template) = mlx_backend::tokenizer::for_model(&path).unwrap();
+    // The runner on a thread of its own; the engine drives its handle.
+    let bundle = ModelBundle::spawn(&path, options(), RunnerConfig::default()).unwrap();
+    let probe: RunnerHandle = bundle.runner.clone();
+    assert_eq!(
+        ModelRunner::info(&probe).eos_token_ids,
+        bundle.tokenizer.eos_ids()
+    );
     let config = EngineConfig {
         prefix_cache: false,
         ..EngineConfig::default()
     };
-    let engine = Engine::start(config, move || {
-        let eos = mlx_backend::engine::merge_eos(
-            &ModelRunner::info(&handle).eos_token_ids,
-            tokenizer.eos_ids(),
-        );
-        Ok(ModelBundle {
-            runner: handle,
-            tokenizer: tokenizer.with_eos_ids(eos.clone()),
-            chat_template: template,
-            eos_token_ids: eos,
-        })
-    })
-    .unwrap();
+    let engine = Engine::start(config, move || Ok(bundle)).unwrap();
     let long = || {
         let mut r = GenerateRequest::chat(chat(2)).with_max_tokens(400);
         r.ignore_eos = true;
