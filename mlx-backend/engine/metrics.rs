@@ -6,7 +6,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-/// A point-in-time view of [`EngineMetrics`].
+/// A point-in-time view of the engine's metrics ([`Engine::metrics`](super::Engine::metrics)).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsSnapshot {
     pub waiting_requests: usize,
