@@ -10,12 +10,12 @@
 //! Exit codes: 0 done, 1 the model or the generation failed, 2 bad arguments.
 
 use clap::Parser;
+use mlx_backend::engine::ModelBundle;
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
-    ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
-    SamplingParams,
+    ForwardBatch, ForwardMode, ModelRunner, RequestInput, RunnerConfig, SamplingParams,
 };
-use mlx_backend::tokenizer::{self, ChatMessage, IncrementalDetokenizer, StopStrings};
+use mlx_backend::tokenizer::{ChatMessage, IncrementalDetokenizer, StopStrings};
 use mlx_backend::Device;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -219,15 +219,20 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     device.set_default()?;
     let path = fetch::resolve(args.model.as_deref())?;
-    // The model first: a bad config.json (or an unsupported architecture)
-    // is the real problem even when the tokenizer is missing too.
-    let mut runner = MlxModelRunner::load(
+    // One load: the model first (a bad config.json or an unsupported
+    // architecture is the real problem even when the tokenizer is missing
+    // too), then the tokenizer and template from the same GGUF read, and
+    // one EOS set for both.
+    let ModelBundle {
+        mut runner,
+        tokenizer: tok,
+        chat_template: template,
+        eos_token_ids: eos,
+    } = ModelBundle::load(
         &path,
         &LoadOptions::for_device(device),
         RunnerConfig::default(),
     )?;
-    let (tok, template) = tokenizer::for_model(&path)?;
-    let info = runner.info();
 
     let prompt_text = match (&template, args.no_chat_template) {
         (Some(t), false) => {
@@ -244,8 +249,6 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     if prompt.is_empty() {
         return Err("the prompt is empty".into());
     }
-    let mut eos: Vec<u32> = tok.eos_ids().to_vec();
-    eos.extend(&info.eos_token_ids);
 
     let batch = args.batch as usize;
     let max_tokens = args.max_tokens as usize;

@@ -17,6 +17,7 @@
 mod array;
 mod device;
 mod dtype;
+pub mod engine;
 mod error;
 mod ffi;
 mod gguf_check;

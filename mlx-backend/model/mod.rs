@@ -99,9 +99,14 @@ pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<LoadedModel
             path: path.to_path_buf(),
         });
     }
-    let file = GgufFile::load(path)?;
-    let config = ModelConfig::from_gguf(&file)?;
-    let tensors = gguf::tensors(&file)?;
+    load_gguf(&GgufFile::load(path)?, options)
+}
+
+/// Build the model of a GGUF file already read, so the caller can take its
+/// tokenizer and chat template from the same read.
+pub fn load_gguf(file: &GgufFile, options: &LoadOptions) -> Result<LoadedModel, ModelLoadError> {
+    let config = ModelConfig::from_gguf(file)?;
+    let tensors = gguf::tensors(file)?;
     // GGUF keeps norms in f32, so MLX's graph widens every activation to
     // f32 at the first norm anyway: without a dtype asked for, the model
     // runs in f32 throughout (embedding rows and caches too; the quantized
@@ -114,7 +119,7 @@ pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<LoadedModel
     Ok(LoadedModel {
         model,
         format: ModelFormat::Gguf,
-        path: path.to_path_buf(),
+        path: PathBuf::from(file.path()),
     })
 }
 

@@ -60,6 +60,8 @@ pub enum RunnerError {
     Eval(#[from] EvalError),
     #[error(transparent)]
     Load(#[from] ModelLoadError),
+    #[error("this runner does not support {0}")]
+    Unsupported(&'static str),
     #[error("the runner thread panicked: {0}")]
     Panicked(String),
     #[error("the runner thread has stopped")]

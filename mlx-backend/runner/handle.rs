@@ -59,6 +59,7 @@ enum Command {
     Release(Vec<RequestId>),
     Info(Reply<RunnerInfo>),
     Metrics(Reply<RunnerMetrics>),
+    CopyPrefix(RequestId, RequestId, usize, Reply<()>),
 }
 
 #[derive(Clone)]
@@ -67,6 +68,8 @@ pub struct RunnerHandle {
     // the runner thread's loop ends before `RunnerThread::drop` joins it.
     commands: mpsc::Sender<Command>,
     _thread: Arc<RunnerThread>,
+    /// What `info` said last, for [`ModelRunner::info`] once the thread is gone.
+    last_info: Arc<Mutex<Option<RunnerInfo>>>,
 }
 
 /// The runner thread, joined when the last handle goes.
@@ -138,6 +141,7 @@ impl RunnerHandle {
         Ok(RunnerHandle {
             commands,
             _thread: thread,
+            last_info: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -187,6 +191,67 @@ impl RunnerHandle {
     pub fn metrics(&self) -> Result<RunnerMetrics, RunnerError> {
         self.call(Command::Metrics)
     }
+
+    /// [`ModelRunner::copy_prefix`] on the runner thread, blocking.
+    pub fn copy_prefix(
+        &self,
+        from: RequestId,
+        to: RequestId,
+        tokens: usize,
+    ) -> Result<(), RunnerError> {
+        self.call(|reply| Command::CopyPrefix(from, to, tokens, reply))
+    }
+}
+
+/// A handle is a runner too, so an engine generic over [`ModelRunner`]
+/// drives a runner on its own thread or one on another thread alike. The
+/// infallible calls answer what they can once the runner thread is gone:
+/// `info` what it said last, `metrics` zeros.
+impl ModelRunner for RunnerHandle {
+    fn info(&self) -> RunnerInfo {
+        match RunnerHandle::info(self) {
+            Ok(info) => {
+                *self.last_info.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.clone());
+                info
+            }
+            Err(_) => self
+                .last_info
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_else(|| RunnerInfo {
+                    architecture: String::new(),
+                    vocab_size: 0,
+                    eos_token_ids: Vec::new(),
+                    max_context: 0,
+                    kv_capacity_tokens: 0,
+                    dtype: crate::Dtype::F32,
+                    device: crate::Device::Cpu,
+                    fused_kernels: Vec::new(),
+                }),
+        }
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, RunnerError> {
+        RunnerHandle::forward(self, batch.clone())
+    }
+
+    fn release(&mut self, ids: &[RequestId]) {
+        RunnerHandle::release(self, ids)
+    }
+
+    fn metrics(&self) -> RunnerMetrics {
+        RunnerHandle::metrics(self).unwrap_or_default()
+    }
+
+    fn copy_prefix(
+        &mut self,
+        from: RequestId,
+        to: RequestId,
+        tokens: usize,
+    ) -> Result<(), RunnerError> {
+        RunnerHandle::copy_prefix(self, from, to, tokens)
+    }
 }
 
 fn serve<R: ModelRunner>(mut runner: R, inbox: mpsc::Receiver<Command>) {
@@ -205,6 +270,14 @@ fn serve<R: ModelRunner>(mut runner: R, inbox: mpsc::Receiver<Command>) {
             Command::Release(ids) => runner.release(&ids),
             Command::Info(reply) => reply.send(Ok(runner.info())),
             Command::Metrics(reply) => reply.send(Ok(runner.metrics())),
+            Command::CopyPrefix(from, to, tokens, reply) => {
+                let r = catch_unwind(AssertUnwindSafe(|| runner.copy_prefix(from, to, tokens)));
+                let failed = r.is_err();
+                reply.send(r.unwrap_or_else(|p| Err(RunnerError::Panicked(panic_message(p)))));
+                if failed {
+                    return;
+                }
+            }
         }
     }
 }

@@ -79,6 +79,55 @@ impl KvStore {
         })
     }
 
+    /// Start `to` with a copy of the first `tokens` positions of `from`'s
+    /// caches and history (the caller checked that `from` holds that many and
+    /// `to` is new). The copy is evaluated here: a pending graph reading
+    /// `from`'s buffers would keep a later fused decode of `from` from
+    /// writing them in place.
+    pub fn copy_prefix(
+        &mut self,
+        from: RequestId,
+        to: RequestId,
+        tokens: usize,
+        model: &Transformer,
+    ) -> Result<(), super::RunnerError> {
+        let n = tokens as i32;
+        let src = self.requests.get(&from).expect("checked by the caller");
+        let mut slices = Vec::with_capacity(src.caches.len());
+        for c in &src.caches {
+            let (k, v) = c.buffers().expect("a request holding tokens has buffers");
+            slices.push((k.slice_axis(2, 0, n)?, v.slice_axis(2, 0, n)?));
+        }
+        let history = src.history[..tokens.min(src.history.len())].to_vec();
+        let mut caches = self
+            .pool
+            .pop()
+            .unwrap_or_else(|| model.new_caches(self.step));
+        let copied = (|| -> Result<(), super::RunnerError> {
+            for (c, (k, v)) in caches.iter_mut().zip(&slices) {
+                c.update(k, v)?;
+            }
+            let buffers: Vec<&crate::Array> = caches
+                .iter()
+                .filter_map(|c| c.buffers())
+                .flat_map(|(k, v)| [k, v])
+                .collect();
+            crate::eval(&buffers)?;
+            Ok(())
+        })();
+        // On failure the buffers may hold part of the copy: not pooled.
+        copied?;
+        self.requests.insert(
+            to,
+            RequestState {
+                caches,
+                history,
+                sampled: 0,
+            },
+        );
+        Ok(())
+    }
+
     /// Forget a request; its buffers go to the pool (up to its limit).
     pub fn release(&mut self, id: RequestId) {
         if let Some(mut state) = self.requests.remove(&id) {

@@ -238,6 +238,11 @@ impl MlxModelRunner {
                 .forward(&tokens, &mut state.caches, Logits::Last)?;
             if r.last_chunk {
                 rows[i] = Some(logits.reshape(&[-1])?);
+            } else if r.tokens.len() == 1 {
+                // One token runs as a fused decode node that writes the
+                // caches in place when it is evaluated; its caches look
+                // evaluated already, so only its output makes it run.
+                crate::eval(&[&logits])?;
             }
         }
         let decode: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].decode).collect();
@@ -504,6 +509,41 @@ impl ModelRunner for MlxModelRunner {
         for &id in ids {
             self.kv.release(id);
         }
+    }
+
+    fn copy_prefix(
+        &mut self,
+        from: RequestId,
+        to: RequestId,
+        tokens: usize,
+    ) -> Result<(), RunnerError> {
+        let held = self
+            .kv
+            .get(from)
+            .map(|s| s.cached())
+            .ok_or(RunnerError::UnknownRequest(from))?;
+        if self.kv.contains(to) || from == to {
+            return Err(RunnerError::DuplicateRequest(to));
+        }
+        if tokens == 0 || tokens > held {
+            return Err(RunnerError::CachedMismatch {
+                id: from,
+                claimed: tokens,
+                actual: held,
+            });
+        }
+        let available = self
+            .kv
+            .budget_tokens
+            .saturating_sub(self.kv.cached_tokens());
+        if tokens > available {
+            return Err(RunnerError::KvBudgetExceeded {
+                needed: tokens,
+                available,
+                budget: self.kv.budget_tokens,
+            });
+        }
+        self.kv.copy_prefix(from, to, tokens, &self.model)
     }
 
     fn metrics(&self) -> RunnerMetrics {

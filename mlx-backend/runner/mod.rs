@@ -46,4 +46,19 @@ pub trait ModelRunner {
     /// Free the KV state of finished or cancelled requests (unknown ids are ignored).
     fn release(&mut self, ids: &[RequestId]);
     fn metrics(&self) -> RunnerMetrics;
+    /// Start request `to` from the first `tokens` tokens request `from`
+    /// holds (running, or finished but not released), as if `to` had
+    /// prefilled them: its first chunk then says `cached_tokens = tokens`.
+    /// What a prefix cache needs. The KV is copied, `from` is unchanged, and
+    /// the copy counts against the KV budget. Runners without it answer
+    /// `RunnerError::Unsupported`.
+    fn copy_prefix(
+        &mut self,
+        from: RequestId,
+        to: RequestId,
+        tokens: usize,
+    ) -> Result<(), RunnerError> {
+        let _ = (from, to, tokens);
+        Err(RunnerError::Unsupported("copy_prefix"))
+    }
 }

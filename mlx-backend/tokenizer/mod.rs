@@ -261,6 +261,27 @@ impl Tokenizer {
         &self.inner.eos_ids
     }
 
+    /// This tokenizer with `ids` as its EOS set (the first is the declared
+    /// EOS), for a model bundle that settles one EOS set for the tokenizer
+    /// and the runner alike.
+    pub fn with_eos_ids(&self, ids: Vec<u32>) -> Tokenizer {
+        let i = &*self.inner;
+        Tokenizer {
+            inner: Arc::new(Inner {
+                tk: i.tk.clone(),
+                plain: OnceLock::new(),
+                bos_id: i.bos_id,
+                eos_ids: ids,
+                pad_id: i.pad_id,
+                unk_id: i.unk_id,
+                add_bos: i.add_bos,
+                add_eos: i.add_eos,
+                manual_specials: i.manual_specials,
+                special_ids: i.special_ids.clone(),
+            }),
+        }
+    }
+
     pub fn is_eos(&self, id: u32) -> bool {
         self.inner.eos_ids.contains(&id)
     }
@@ -338,8 +359,12 @@ pub fn for_model(
         ))?;
         return Ok((tokenizer, template));
     }
-    let gguf = GgufFile::load(path)?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)?;
-    let template = optional_template(ChatTemplate::from_gguf(&gguf))?;
+    for_gguf(&GgufFile::load(path)?)
+}
+
+/// [`for_model`] of a GGUF file already read.
+pub fn for_gguf(gguf: &GgufFile) -> Result<(Tokenizer, Option<ChatTemplate>), TokenizerError> {
+    let tokenizer = Tokenizer::from_gguf(gguf)?;
+    let template = optional_template(ChatTemplate::from_gguf(gguf))?;
     Ok((tokenizer, template))
 }
