@@ -4,10 +4,12 @@
 //! admission, refusals, stop rules, cancellation and shutdown. Skipped with
 //! a note when the default model is not in the cache.
 
+mod common;
+
 use mlx_backend::engine::{
     Engine, EngineConfig, EngineError, Event, FinishReason, GenerateRequest, ModelBundle, Prompt,
 };
-use mlx_backend::model::{fetch, LoadOptions};
+use mlx_backend::model::LoadOptions;
 use mlx_backend::runner::{
     ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
     RunnerHandle, SamplingParams,
@@ -18,13 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn model() -> Option<PathBuf> {
-    let p = fetch::default_model_path();
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!("default model not in the cache: run scripts/fetch-default-model.sh");
-        None
-    }
+    common::runs::cached_default_model()
 }
 
 fn options() -> LoadOptions {
@@ -37,32 +33,7 @@ fn engine(path: &PathBuf, runner: RunnerConfig, config: EngineConfig) -> Engine 
 
 /// Greedy tokens of `prompt` alone (EOS included when reached).
 fn solo(r: &mut MlxModelRunner, eos: &[u32], prompt: &[u32], max_tokens: usize) -> Vec<u32> {
-    let id = 999_999;
-    let out = r
-        .forward(&ForwardBatch::new(
-            ForwardMode::Extend,
-            vec![RequestInput::prompt(
-                id,
-                prompt.to_vec(),
-                SamplingParams::greedy(),
-            )],
-        ))
-        .unwrap();
-    let mut generated = vec![out.outputs[0].next_token.unwrap()];
-    while generated.len() < max_tokens && !eos.contains(generated.last().unwrap()) {
-        let d = RequestInput::decode(
-            id,
-            *generated.last().unwrap(),
-            prompt.len() + generated.len() - 1,
-            SamplingParams::greedy(),
-        );
-        let out = r
-            .forward(&ForwardBatch::new(ForwardMode::Decode, vec![d]))
-            .unwrap();
-        generated.push(out.outputs[0].next_token.unwrap());
-    }
-    r.release(&[id]);
-    generated
+    common::runs::solo_greedy(r, 999_999, prompt, max_tokens, eos)
 }
 
 fn text_of(tok: &Tokenizer, eos: &[u32], tokens: &[u32]) -> String {

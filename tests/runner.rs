@@ -8,32 +8,7 @@ use std::collections::HashMap;
 
 /// Greedy generation of one request alone: prompt in one chunk, then decode.
 fn solo(r: &mut MlxModelRunner, id: RequestId, prompt: &[u32], n: usize) -> Vec<u32> {
-    let out = r
-        .forward(&ForwardBatch::new(
-            ForwardMode::Extend,
-            vec![RequestInput::prompt(
-                id,
-                prompt.to_vec(),
-                SamplingParams::greedy(),
-            )],
-        ))
-        .unwrap();
-    let mut generated = vec![out.outputs[0].next_token.unwrap()];
-    while generated.len() < n {
-        let cached = prompt.len() + generated.len() - 1;
-        let d = RequestInput::decode(
-            id,
-            *generated.last().unwrap(),
-            cached,
-            SamplingParams::greedy(),
-        );
-        let out = r
-            .forward(&ForwardBatch::new(ForwardMode::Decode, vec![d]))
-            .unwrap();
-        generated.push(out.outputs[0].next_token.unwrap());
-    }
-    r.release(&[id]);
-    generated
+    common::runs::solo_greedy(r, id, prompt, n, &[])
 }
 
 /// Greedy generation of all `prompts` together: one Extend batch, then

@@ -1,8 +1,10 @@
 //! `ModelRunner::copy_prefix`: a request started from another request's
 //! cached prefix generates what it generates when it prefills everything.
 
+mod common;
+
 use mlx_backend::engine::ModelBundle;
-use mlx_backend::model::{fetch, LoadOptions};
+use mlx_backend::model::LoadOptions;
 use mlx_backend::runner::{
     ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
     RunnerError, SamplingParams,
@@ -47,11 +49,9 @@ fn continue_greedy(
 
 #[test]
 fn a_copied_prefix_generates_what_a_full_prefill_does() {
-    let path = fetch::default_model_path();
-    if !path.is_file() {
-        eprintln!("default model not in the cache: run scripts/fetch-default-model.sh");
+    let Some(path) = common::runs::cached_default_model() else {
         return;
-    }
+    };
     let b = ModelBundle::load(
         &path,
         &LoadOptions::for_device(Device::Cpu),
@@ -108,10 +108,9 @@ fn a_copied_prefix_generates_what_a_full_prefill_does() {
 
 #[test]
 fn copies_between_batched_decodes_change_no_row() {
-    let path = fetch::default_model_path();
-    if !path.is_file() {
+    let Some(path) = common::runs::cached_default_model() else {
         return;
-    }
+    };
     // Shared prefixes, then whole prompts shared (a one-token last chunk).
     for same_prompts in [false, true] {
         copies_between_batched_decodes(&path, same_prompts);
@@ -221,10 +220,9 @@ fn copies_between_batched_decodes(path: &std::path::Path, same_prompts: bool) {
 
 #[test]
 fn a_one_token_chunk_that_is_not_the_last() {
-    let path = fetch::default_model_path();
-    if !path.is_file() {
+    let Some(path) = common::runs::cached_default_model() else {
         return;
-    }
+    };
     let b = ModelBundle::load(
         &path,
         &LoadOptions::for_device(Device::Cpu),

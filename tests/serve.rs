@@ -3,13 +3,12 @@
 //! requests run alone through the runner. Skipped with a note when the
 //! default model is not in the cache.
 
+mod common;
+
 use futures_util::StreamExt;
 use mlx_backend::engine::ModelBundle;
-use mlx_backend::model::{fetch, LoadOptions};
-use mlx_backend::runner::{
-    ForwardBatch, ForwardMode, MlxModelRunner, ModelRunner, RequestInput, RunnerConfig,
-    SamplingParams,
-};
+use mlx_backend::model::LoadOptions;
+use mlx_backend::runner::{MlxModelRunner, RunnerConfig};
 use mlx_backend::tokenizer::{ChatMessage, Tokenizer};
 use mlx_backend::Device;
 use serde_json::{json, Value};
@@ -19,13 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn model() -> Option<PathBuf> {
-    let p = fetch::default_model_path();
-    if p.is_file() {
-        Some(p)
-    } else {
-        eprintln!("default model not in the cache: run scripts/fetch-default-model.sh");
-        None
-    }
+    common::runs::cached_default_model()
 }
 
 /// The server binary, as `cargo test` builds the examples.
@@ -107,31 +100,7 @@ impl Reference {
             .unwrap();
         let tok = &self.tokenizer;
         let prompt = tok.encode_with(&text, tok.add_bos_token(), true).unwrap();
-        let r = &mut self.runner;
-        let out = r
-            .forward(&ForwardBatch::new(
-                ForwardMode::Extend,
-                vec![RequestInput::prompt(
-                    1,
-                    prompt.clone(),
-                    SamplingParams::greedy(),
-                )],
-            ))
-            .unwrap();
-        let mut t = vec![out.outputs[0].next_token.unwrap()];
-        while t.len() < max_tokens && !self.eos.contains(t.last().unwrap()) {
-            let d = RequestInput::decode(
-                1,
-                *t.last().unwrap(),
-                prompt.len() + t.len() - 1,
-                SamplingParams::greedy(),
-            );
-            let out = r
-                .forward(&ForwardBatch::new(ForwardMode::Decode, vec![d]))
-                .unwrap();
-            t.push(out.outputs[0].next_token.unwrap());
-        }
-        r.release(&[1]);
+        let t = common::runs::solo_greedy(&mut self.runner, 1, &prompt, max_tokens, &self.eos);
         let ended = self.eos.contains(t.last().unwrap());
         let body: Vec<u32> = t
             .iter()

@@ -6,7 +6,7 @@
 //! load the same folder, so both run the same shapes on the same weights.
 //! The tokens they produce are noise; their speed is the real models'.
 
-use super::ModelLoadError;
+use super::{io_err, ModelLoadError};
 use crate::ops::{quantize, random};
 use crate::{io, Array, Dtype};
 use std::fmt;
@@ -139,10 +139,6 @@ pub fn synthetic_folder(
         return Ok(dir);
     }
     let partial = root.join(format!(".{shape}-{}-seed{seed}.partial", weights.tag()));
-    let io_err = |p: &Path, e: std::io::Error| ModelLoadError::Io {
-        path: p.display().to_string(),
-        message: e.to_string(),
-    };
     let _ = std::fs::remove_dir_all(&partial);
     std::fs::create_dir_all(&partial).map_err(|e| io_err(&partial, e))?;
     write_synthetic(&partial, shape, weights, seed)?;
@@ -171,18 +167,11 @@ fn write_config_and_weights(
         config["quantization"] = serde_json::json!({ "group_size": group_size, "bits": bits });
     }
     let refs: Vec<(&str, &Array)> = tensors.iter().map(|(n, a)| (n.as_str(), a)).collect();
-    io::save_safetensors(dir.join("model.safetensors"), &refs, &[("format", "mlx")]).map_err(
-        |e| ModelLoadError::Io {
-            path: dir.display().to_string(),
-            message: e.to_string(),
-        },
-    )?;
+    io::save_safetensors(dir.join("model.safetensors"), &refs, &[("format", "mlx")])
+        .map_err(|e| io_err(dir, e))?;
     let path = dir.join("config.json");
     let text = serde_json::to_string_pretty(&config).expect("a JSON value serializes");
-    std::fs::write(&path, text).map_err(|e| ModelLoadError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })
+    std::fs::write(&path, text).map_err(|e| io_err(&path, e))
 }
 
 /// Every tensor of the config's architecture, in mlx-lm's names (experts

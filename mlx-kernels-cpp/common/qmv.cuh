@@ -139,4 +139,16 @@ __device__ __forceinline__ void qmv_lane(
   }
 }
 
+// silu(g)·u from the gate and up projections' f32 sums, rounded where the
+// unfused graph rounds: each projection, the sigmoid, silu and the product
+// to T.
+template <typename T>
+__device__ __forceinline__ T swiglu(float g_sum, float u_sum) {
+  const float g = round_to<T>(g_sum);
+  const float u = round_to<T>(u_sum);
+  const float sig = round_to<T>(1.0f / (1.0f + expf(-g)));
+  const float silu = round_to<T>(g * sig);
+  return from_f32<T>(silu * u);
+}
+
 } // namespace mlx_backend_cuda

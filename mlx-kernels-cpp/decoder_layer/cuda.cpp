@@ -175,13 +175,11 @@ class StepLauncher {
   // normed = RMSNorm(x) with f32 weights w.
   void norm(const array& x, const array& w, float eps, array& normed, int rows, int hidden) {
     const void* xp = device_ptr(x);
-    const void* rp = nullptr;
     const void* wp = device_ptr(w);
-    void* sp = nullptr;
     void* np = device_ptr_mut(normed);
     launch(
         std::string("mlx_backend_step_norm_") + dt_, dim3(rows), dim3(kNormThreads), {x, w}, {normed},
-        {&xp, &rp, &wp, &sp, &np, &eps, &hidden});
+        {&xp, &wp, &np, &eps, &hidden});
   }
 
   const char* dt() const {

@@ -1,7 +1,7 @@
 // decoder_layer's CUDA body (the contract is in
 // mlx-backend/kernels/decoder_layer/mod.rs): the kernels a decode step
 // enqueues for each block, in order (decoder_layer/cuda.cpp):
-//   norm          x (+ the previous block's residual) → RMSNorm
+//   norm          RMSNorm of the running x
 //   projection    q, k, v (+ bias) in one launch; later o (+ residual)
 //                 and down (+ residual), and the head (f32 logits)
 //   rope_append   q/k norm, RoPE at each row's offset, k and v written
@@ -28,28 +28,22 @@ namespace {
 
 constexpr int kNormThreads = 256;
 
-// One block per row: sum = x + r (rounded to T, as the unfused add) when r
-// is given, then normed = RMSNorm(sum) with f32 weights (the exact widening
-// of the model's norm weights).
+// One block per row: normed = RMSNorm(x) with f32 weights (the exact
+// widening of the model's norm weights); the residual adds happen in the
+// projections' epilogues.
 template <typename T>
-__device__ void norm_row(const T* x, const T* r, const float* w, T* sum, T* normed, float eps, int hidden) {
+__device__ void norm_row(const T* x, const float* w, T* normed, float eps, int hidden) {
   __shared__ float scratch[32];
   const size_t base = static_cast<size_t>(blockIdx.x) * hidden;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float v = to_f32(x[base + i]);
-    if (r) {
-      v = round_to<T>(v + to_f32(r[base + i]));
-      sum[base + i] = from_f32<T>(v);
-    }
+    const float v = to_f32(x[base + i]);
     ss += v * v;
   }
   ss = block_sum(ss, scratch);
   const float scale = rsqrtf(ss / static_cast<float>(hidden) + eps);
-  // Each thread re-reads only what it wrote itself: no barrier needed.
-  const T* src = r ? sum : x;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    normed[base + i] = from_f32<T>(to_f32(src[base + i]) * scale * w[i]);
+    normed[base + i] = from_f32<T>(to_f32(x[base + i]) * scale * w[i]);
   }
 }
 
@@ -149,12 +143,10 @@ __device__ void gate(const GateArgs& a) {
   for (int col = 0; col < COLS; col++) {
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
-      const float g = round_to<T>(warp_sum(acc[0][col][r]));
-      const float u = round_to<T>(warp_sum(acc[1][col][r]));
+      const float g = warp_sum(acc[0][col][r]);
+      const float u = warp_sum(acc[1][col][r]);
       if (threadIdx.x % 32 == 0 && r < rows && n0 + col < a.n_len) {
-        const float sig = round_to<T>(1.0f / (1.0f + expf(-g)));
-        const float silu = round_to<T>(g * sig);
-        out[static_cast<size_t>(row0 + r) * a.n_len + n0 + col] = from_f32<T>(silu * u);
+        out[static_cast<size_t>(row0 + r) * a.n_len + n0 + col] = swiglu<T>(g, u);
       }
     }
   }
@@ -282,8 +274,8 @@ extern "C" __global__ void mlx_backend_step_copy_b4(mlx_backend::CopyArgs a) {
 
 #define STEP_ACTIVATION_KERNELS(S, T)                                                          \
   extern "C" __global__ void __launch_bounds__(kNormThreads) mlx_backend_step_norm_##S(        \
-      const T* x, const T* r, const float* w, T* sum, T* normed, float eps, int hidden) {      \
-    norm_row<T>(x, r, w, sum, normed, eps, hidden);                                            \
+      const T* x, const float* w, T* normed, float eps, int hidden) {                          \
+    norm_row<T>(x, w, normed, eps, hidden);                                                    \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(32) mlx_backend_step_rope_append_##S(           \
       RopeAppendArgs a) {                                                                      \

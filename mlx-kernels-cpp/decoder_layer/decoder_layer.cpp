@@ -6,6 +6,7 @@
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 
 #include <algorithm>
+#include <span>
 
 namespace mx = mlx::core;
 
@@ -369,7 +370,7 @@ std::vector<array> stack_fallback(
 
 // Whether the kernel may write `caches` in their own buffers: each one
 // may (cache_buffer_in_place) and no two share a buffer.
-bool writable_in_place(const std::vector<array>& caches) {
+bool writable_in_place(std::span<const array> caches) {
   std::vector<size_t> buffers;
   buffers.reserve(caches.size());
   for (const auto& c : caches) {
@@ -406,11 +407,7 @@ std::vector<array> caches_to_write(
     bool in_place,
     std::vector<std::pair<array, array>>& copies) {
   if (in_place) {
-    std::vector<array> given(inputs.begin() + 1, inputs.end());
-    if (!writable_in_place(given)) {
-      fail("a cache given to be written in place is shared, strided or not evaluated");
-    }
-    return given;
+    return std::vector<array>(inputs.begin() + 1, inputs.end());
   }
   // make_arrays gives every output its own copy of the inputs, so each
   // cache would be held once per output and never be donatable. Nothing
@@ -439,10 +436,19 @@ std::vector<array> caches_to_write(
   return std::vector<array>(outputs.begin() + 1, outputs.end());
 }
 
+void DecoderStackPrimitive::require_caches_writable(const std::vector<array>& inputs) const {
+  // A cache shared since the node was built (a view evaluated first) is
+  // the caller's error, on every device, not a failure of a body.
+  if (in_place_ && !writable_in_place(std::span<const array>(inputs).subspan(1))) {
+    fail("a cache given to be written in place is shared, strided or not evaluated");
+  }
+}
+
 void DecoderStackPrimitive::eval_cpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
   require_row_contiguous(inputs[0], embedding_ ? "decoder_layer tokens" : "decoder_layer x");
+  require_caches_writable(inputs);
   allocate(outputs[0]);
   std::vector<std::pair<array, array>> copies;
   std::vector<array> caches = caches_to_write(inputs, outputs, in_place_, copies);
@@ -534,11 +540,7 @@ void DecoderStackPrimitive::eval_cpu(
 void DecoderStackPrimitive::eval_gpu(
     const std::vector<array>& inputs,
     std::vector<array>& outputs) {
-  // A cache shared since the node was built (a view evaluated first) is
-  // the caller's error, as on the CPU, not a failure of the body.
-  if (in_place_ && !writable_in_place(std::vector<array>(inputs.begin() + 1, inputs.end()))) {
-    fail("a cache given to be written in place is shared, strided or not evaluated");
-  }
+  require_caches_writable(inputs);
   FallbackPrimitive::eval_gpu(inputs, outputs);
 }
 

@@ -100,6 +100,9 @@ class DecoderStackPrimitive : public FallbackPrimitive {
 
  private:
   std::vector<std::shared_ptr<const PreparedLayer>> layers_;
+  // Throws when the node writes its caches in place and one of them is no
+  // longer writable (checked at eval time, before either body runs).
+  void require_caches_writable(const std::vector<array>& inputs) const;
   // Set when the first input is token ids.
   std::shared_ptr<const PreparedEmbedding> embedding_;
   // Set when the first output is logits.

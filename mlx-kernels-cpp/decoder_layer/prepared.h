@@ -63,7 +63,8 @@ struct PreparedHead {
 };
 
 // The arrays whose buffers a stack node writes its caches into: the
-// inputs' own when `in_place` (each checked writable), else the outputs,
+// inputs' own when `in_place` (the Primitive checked them writable), else
+// the outputs,
 // each sharing its input's buffer when nothing else holds it, or a fresh
 // buffer to be filled from `copies` (source, destination) before the
 // kernels run.

@@ -13,12 +13,10 @@ namespace {
 
 template <typename T>
 __device__ __forceinline__ void store_swiglu(float g_acc, float u_acc, T* out, bool store) {
-  float g = round_to<T>(warp_sum(g_acc));
-  float u = round_to<T>(warp_sum(u_acc));
+  const float g = warp_sum(g_acc);
+  const float u = warp_sum(u_acc);
   if (store && threadIdx.x % 32 == 0) {
-    float sig = round_to<T>(1.0f / (1.0f + expf(-g)));
-    float silu = round_to<T>(g * sig);
-    *out = from_f32<T>(silu * u);
+    *out = swiglu<T>(g, u);
   }
 }
 

@@ -231,6 +231,7 @@ pub fn assert_still_works() {
     );
 }
 
+pub mod runs;
 pub mod tiny;
 
 /// MLX's active memory once the default device's queued work has finished:
