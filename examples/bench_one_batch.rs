@@ -13,7 +13,7 @@
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser, ValueEnum};
-use mlx_backend::kernels::ActivationPrecision;
+use mlx_backend::kernels::{ActivationPrecision, Backend};
 use mlx_backend::model::synthetic::{synthetic_folder, SyntheticShape, SyntheticWeights};
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
@@ -238,6 +238,55 @@ impl Results {
     }
 }
 
+/// GPU bodies' enqueue counters summed over kernels: (enqueues, host ns).
+fn enqueue_stats() -> (u64, u64) {
+    let snap = mlx_backend::kernels::registry::snapshot_on(Backend::gpu());
+    snap.kernels.iter().fold((0, 0), |(n, ns), (_, s)| {
+        (n + s.gpu_enqueues, ns + s.gpu_enqueue_ns)
+    })
+}
+
+/// Sums of a decode run's per-step parts.
+#[derive(Default)]
+struct StepParts {
+    steps: u32,
+    build: f64,
+    eval: f64,
+    read: f64,
+    enqueues: u64,
+    enqueue_ns: u64,
+}
+
+impl StepParts {
+    fn add(&mut self, out: &ForwardOutput, before: (u64, u64), after: (u64, u64)) {
+        self.steps += 1;
+        self.build += out.build_time.as_secs_f64();
+        self.eval += (out.forward_time - out.build_time).as_secs_f64();
+        self.read += out.sample_time.as_secs_f64();
+        self.enqueues += after.0 - before.0;
+        self.enqueue_ns += after.1 - before.1;
+    }
+
+    /// Mean per step: build, eval (GPU enqueue inside it), read, in ms.
+    fn summary(&self) -> String {
+        let n = f64::from(self.steps.max(1));
+        let mut s = format!(
+            "mean build {:.3} / eval {:.3} / read {:.3} ms",
+            self.build * 1e3 / n,
+            self.eval * 1e3 / n,
+            self.read * 1e3 / n
+        );
+        if self.enqueues > 0 {
+            s += &format!(
+                " (GPU bodies: {:.1} per step, enqueue {:.3} ms)",
+                self.enqueues as f64 / n,
+                self.enqueue_ns as f64 * 1e-6 / n
+            );
+        }
+        s
+    }
+}
+
 fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Result<Results, Box<dyn Error>> {
     let mut r = Results::default();
     let mut next_id = 0u64;
@@ -286,6 +335,9 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Result<Results, Box<dyn 
             .map_err(|e| format!("prefill for decode batch {b}: {e}"))?;
         let mut last = sampled(&out)?;
         let mut samples = Vec::new();
+        // Where a step's time goes: the graph build, the evaluation (of
+        // which a fused GPU body's kernel enqueue is host time), the read.
+        let mut parts = StepParts::default();
         for step in 0..a.decode_steps + 1 {
             let reqs = ids
                 .iter()
@@ -295,12 +347,14 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Result<Results, Box<dyn 
             if a.idle_ms > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(a.idle_ms));
             }
+            let before = enqueue_stats();
             let t = Instant::now();
             let out = runner
                 .forward(&ForwardBatch::new(ForwardMode::Decode, reqs))
                 .map_err(|e| format!("decode batch {b}: {e}"))?;
             if step > 0 {
                 samples.push(t.elapsed().as_secs_f64());
+                parts.add(&out, before, enqueue_stats());
             }
             last = sampled(&out)?;
         }
@@ -311,9 +365,10 @@ fn bench_ours(runner: &mut MlxModelRunner, a: &Args) -> Result<Results, Box<dyn 
             ms => format!(", each after {ms} ms idle"),
         };
         eprintln!(
-            "ours decode batch {b}: {:.2} ms/step ({:.1} tok/s){after}",
+            "ours decode batch {b}: {:.2} ms/step ({:.1} tok/s){after}; {}",
             s * 1e3,
-            b as f64 / s
+            b as f64 / s,
+            parts.summary()
         );
         r.decode.push((b, b as f64 / s));
     }

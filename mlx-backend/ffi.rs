@@ -542,6 +542,8 @@ pub(crate) mod bridge {
         /// A GPU body's evaluation failed (its module did not load, its
         /// launch failed): remember it, so later op builds fall back.
         fn record_gpu_failure(kernel: i32, message: &str);
+        /// A GPU body enqueued its kernels, taking `nanos` of host time.
+        fn record_gpu_enqueue(kernel: i32, nanos: u64);
         #[allow(clippy::too_many_arguments)]
         fn rms_norm_cpu(
             dtype: i32,
@@ -685,5 +687,5 @@ use crate::kernels::decoder_layer::cpu::decoder_stack_cpu;
 use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
 use crate::kernels::moe_combine::cpu::moe_combine_cpu;
 use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;
-use crate::kernels::registry::record_gpu_failure;
+use crate::kernels::registry::{record_gpu_enqueue, record_gpu_failure};
 use crate::kernels::rms_norm::cpu::{rms_norm_cpu, rms_norm_residual_cpu};

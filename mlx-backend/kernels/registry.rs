@@ -136,6 +136,10 @@ pub struct KernelStats {
     fallbacks: [u64; REASONS],
     pub enabled: bool,
     pub failed: bool,
+    /// GPU bodies: evaluations enqueued, and the host time spent enqueuing
+    /// their kernels (setting up arguments, adding graph nodes), in ns.
+    pub gpu_enqueues: u64,
+    pub gpu_enqueue_ns: u64,
 }
 
 impl KernelStats {
@@ -177,6 +181,8 @@ struct Slot {
     force_failure: AtomicBool,
     fused: AtomicU64,
     fallbacks: [AtomicU64; REASONS],
+    gpu_enqueues: AtomicU64,
+    gpu_enqueue_ns: AtomicU64,
 }
 
 struct Registry {
@@ -198,6 +204,8 @@ fn registry() -> &'static Registry {
             force_failure: AtomicBool::new(false),
             fused: AtomicU64::new(0),
             fallbacks: Default::default(),
+            gpu_enqueues: AtomicU64::new(0),
+            gpu_enqueue_ns: AtomicU64::new(0),
         };
         Registry {
             slots: Kernel::ALL.map(|k| Backend::ALL.map(|b| slot(k, b))),
@@ -302,6 +310,8 @@ pub fn stats_on(kernel: Kernel, backend: Backend) -> KernelStats {
         fallbacks: std::array::from_fn(|i| s.fallbacks[i].load(Ordering::SeqCst)),
         enabled: s.enabled.load(Ordering::SeqCst),
         failed: s.failed.load(Ordering::SeqCst),
+        gpu_enqueues: s.gpu_enqueues.load(Ordering::Relaxed),
+        gpu_enqueue_ns: s.gpu_enqueue_ns.load(Ordering::Relaxed),
     }
 }
 
@@ -411,6 +421,18 @@ pub(crate) fn record_gpu_failure(kernel: i32, message: &str) {
     match kernel {
         Some(k) => record_failure(k, Backend::gpu(), message.to_string()),
         None => eprintln!("mlx-backend: a GPU body of unknown kernel {kernel:?} failed: {message}"),
+    }
+}
+
+/// The C++ side's report of one GPU body's enqueue and its host time.
+pub(crate) fn record_gpu_enqueue(kernel: i32, nanos: u64) {
+    if let Some(&k) = usize::try_from(kernel)
+        .ok()
+        .and_then(|i| Kernel::ALL.get(i))
+    {
+        let s = slot(k, Backend::gpu());
+        s.gpu_enqueues.fetch_add(1, Ordering::Relaxed);
+        s.gpu_enqueue_ns.fetch_add(nanos, Ordering::Relaxed);
     }
 }
 

@@ -188,6 +188,9 @@ pub struct ForwardOutput {
     pub outputs: Vec<RequestOutput>,
     /// Building and evaluating the model graph.
     pub forward_time: Duration,
+    /// Of `forward_time`, building the graph on the host (before MLX
+    /// evaluates it).
+    pub build_time: Duration,
     /// Sampling and reading tokens back.
     pub sample_time: Duration,
 }

@@ -292,10 +292,18 @@ impl MlxModelRunner {
         // and a read per row (at batch 8, ~30 graph nodes and 8
         // evaluations fewer per step); otherwise each row is sliced out and
         // sampled on its own.
+        // On a GPU the argmax runs there instead, and only the tokens come
+        // back: the logits live in managed memory, and a host read of batch
+        // 32's (6 MB) migrates their pages.
         let mut greedy_block = None;
         if let Some((logits, idx)) = decode_block {
             if idx.iter().all(|&i| plan[i].plain_greedy()) {
-                greedy_block = Some((logits.astype(crate::Dtype::F32)?, idx));
+                let picked = if matches!(crate::Stream::current().device(), crate::Device::Gpu(_)) {
+                    GreedyBlock::Tokens(logits.argmax(-1, false)?.astype(crate::Dtype::U32)?)
+                } else {
+                    GreedyBlock::Logits(logits.astype(crate::Dtype::F32)?)
+                };
+                greedy_block = Some((picked, idx));
             } else {
                 for (row, &i) in idx.iter().enumerate() {
                     let row = row as i32;
@@ -329,7 +337,7 @@ impl MlxModelRunner {
             )?));
         }
         let mut to_eval: Vec<&Array> = Vec::new();
-        to_eval.extend(greedy_block.iter().map(|(logits, _)| logits));
+        to_eval.extend(greedy_block.iter().map(|(picked, _)| picked.array()));
         for s in sampled.iter().flatten() {
             to_eval.push(&s.token);
             to_eval.extend(s.logprob.iter());
@@ -351,17 +359,23 @@ impl MlxModelRunner {
                 .flat_map(|(k, v)| [k, v])
                 .filter(|c| c.is_pending()),
         );
+        let build_time = start.elapsed();
         crate::eval(&to_eval)?;
         let forward_time = start.elapsed();
         let sample_start = Instant::now();
         let mut block_tokens = vec![None; plan.len()];
-        if let Some((logits, idx)) = &greedy_block {
-            let vocab = logits.shape().last().map_or(0, |&v| v.max(0) as usize);
-            // MLX's own buffer where it is dense (the fused head's is): a
-            // copy of batch 16's logits cost ~0.1 ms.
-            let tokens = match logits.host_slice::<f32>().map_err(host)? {
-                Some(all) => sampler::greedy_rows(all, vocab),
-                None => sampler::greedy_rows(&logits.to_vec::<f32>().map_err(host)?, vocab),
+        if let Some((picked, idx)) = &greedy_block {
+            let tokens = match picked {
+                GreedyBlock::Tokens(tokens) => tokens.to_vec::<u32>().map_err(host)?,
+                GreedyBlock::Logits(logits) => {
+                    let vocab = logits.shape().last().map_or(0, |&v| v.max(0) as usize);
+                    // MLX's own buffer where it is dense (the fused head's
+                    // is): a copy of batch 16's logits cost ~0.1 ms.
+                    match logits.host_slice::<f32>().map_err(host)? {
+                        Some(all) => sampler::greedy_rows(all, vocab),
+                        None => sampler::greedy_rows(&logits.to_vec::<f32>().map_err(host)?, vocab),
+                    }
+                }
             };
             for (&i, t) in idx.iter().zip(tokens) {
                 block_tokens[i] = Some(t);
@@ -410,6 +424,7 @@ impl MlxModelRunner {
         Ok(ForwardOutput {
             outputs,
             forward_time,
+            build_time,
             sample_time,
         })
     }
@@ -435,6 +450,21 @@ fn host(e: crate::HostDataError) -> RunnerError {
 /// prefill entry that samples, and the decode rows' `[n, V]` logits with
 /// their plan indices.
 type ModelOutput = (Vec<Option<Array>>, Option<(Array, Vec<usize>)>);
+
+/// A decode block's greedy picks: its logits, to be read and reduced on the
+/// host (CPU), or the tokens the device picked (GPU).
+enum GreedyBlock {
+    Logits(Array),
+    Tokens(Array),
+}
+
+impl GreedyBlock {
+    fn array(&self) -> &Array {
+        match self {
+            GreedyBlock::Logits(a) | GreedyBlock::Tokens(a) => a,
+        }
+    }
+}
 
 fn read_u32(a: &Array) -> Result<u32, RunnerError> {
     let v = a
@@ -465,6 +495,7 @@ impl ModelRunner for MlxModelRunner {
             return Ok(ForwardOutput {
                 outputs: Vec::new(),
                 forward_time: Default::default(),
+                build_time: Default::default(),
                 sample_time: Default::default(),
             });
         }

@@ -1,5 +1,6 @@
 #include "common/gpu_body.h"
 
+#include <chrono>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -13,7 +14,10 @@ void GpuBody::run(
     const std::vector<mlx::core::array>& inputs,
     std::vector<mlx::core::array>& outputs) {
   try {
+    auto start = std::chrono::steady_clock::now();
     enqueue(stream, inputs, outputs);
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+    record_gpu_enqueue(static_cast<int32_t>(kernel_), static_cast<uint64_t>(ns.count()));
   } catch (const std::exception& e) {
     record_gpu_failure(static_cast<int32_t>(kernel_), e.what());
     throw;
