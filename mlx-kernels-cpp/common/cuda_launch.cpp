@@ -22,7 +22,24 @@ struct Driver {
   CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
   CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  CUresult (*graph_create)(CUgraph*, unsigned int) = nullptr;
+  CUresult (*graph_destroy)(CUgraph) = nullptr;
+  CUresult (*graph_add_kernel_node)(
+      CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const CUDA_KERNEL_NODE_PARAMS*) = nullptr;
+  CUresult (*graph_instantiate)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;
+  CUresult (*graph_exec_destroy)(CUgraphExec) = nullptr;
+  CUresult (*graph_launch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*memcpy_htod_async)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
+  CUresult (*memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
 };
+
+template <typename F>
+void bind(void* lib, F& f, const char* name) {
+  f = reinterpret_cast<F>(dlsym(lib, name));
+  if (!f) {
+    throw std::runtime_error(std::string("libcuda.so.1 lacks ") + name);
+  }
+}
 
 const Driver& driver() {
   static const Driver d = [] {
@@ -34,15 +51,18 @@ const Driver& driver() {
     if (!lib) {
       throw std::runtime_error(std::string("cannot open libcuda.so.1: ") + dlerror());
     }
-    d.module_load_data =
-        reinterpret_cast<decltype(d.module_load_data)>(dlsym(lib, "cuModuleLoadData"));
-    d.module_get_function =
-        reinterpret_cast<decltype(d.module_get_function)>(dlsym(lib, "cuModuleGetFunction"));
-    d.get_error_string =
-        reinterpret_cast<decltype(d.get_error_string)>(dlsym(lib, "cuGetErrorString"));
-    if (!d.module_load_data || !d.module_get_function || !d.get_error_string) {
-      throw std::runtime_error("libcuda.so.1 lacks cuModuleLoadData/cuModuleGetFunction");
-    }
+    bind(lib, d.module_load_data, "cuModuleLoadData");
+    bind(lib, d.module_get_function, "cuModuleGetFunction");
+    bind(lib, d.get_error_string, "cuGetErrorString");
+    bind(lib, d.graph_create, "cuGraphCreate");
+    bind(lib, d.graph_destroy, "cuGraphDestroy");
+    // The versions cuda.h maps these names to.
+    bind(lib, d.graph_add_kernel_node, "cuGraphAddKernelNode_v2");
+    bind(lib, d.graph_instantiate, "cuGraphInstantiateWithFlags");
+    bind(lib, d.graph_exec_destroy, "cuGraphExecDestroy");
+    bind(lib, d.graph_launch, "cuGraphLaunch");
+    bind(lib, d.memcpy_htod_async, "cuMemcpyHtoDAsync_v2");
+    bind(lib, d.memcpy_dtod_async, "cuMemcpyDtoDAsync_v2");
     return d;
   }();
   return d;
@@ -101,6 +121,71 @@ void cuda_enqueue(
     encoder.set_output_array(out);
   }
   encoder.add_kernel_node_raw(f, grid, block, dim3(), shared_bytes, args.data());
+}
+
+KernelChain::KernelChain(const mx::Stream& s) {
+  mx::cu::get_command_encoder(s).device().make_current();
+  check(driver().graph_create(&graph_, 0), "creating a CUDA graph");
+}
+
+KernelChain::~KernelChain() {
+  // A launched graph still running is freed when it completes.
+  if (exec_) {
+    driver().graph_exec_destroy(exec_);
+  }
+  if (graph_) {
+    driver().graph_destroy(graph_);
+  }
+}
+
+void KernelChain::add(CUfunction f, dim3 grid, dim3 block, std::vector<void*> args, unsigned shared_bytes) {
+  if (exec_) {
+    throw std::logic_error("KernelChain: kernel added after instantiate");
+  }
+  CUDA_KERNEL_NODE_PARAMS p{};
+  p.func = f;
+  p.gridDimX = grid.x;
+  p.gridDimY = grid.y;
+  p.gridDimZ = grid.z;
+  p.blockDimX = block.x;
+  p.blockDimY = block.y;
+  p.blockDimZ = block.z;
+  p.sharedMemBytes = shared_bytes;
+  p.kernelParams = args.data();
+  CUgraphNode node = nullptr;
+  check(
+      driver().graph_add_kernel_node(&node, graph_, last_ ? &last_ : nullptr, last_ ? 1 : 0, &p),
+      "adding a kernel to a CUDA graph");
+  last_ = node;
+  count_++;
+}
+
+void KernelChain::instantiate() {
+  check(driver().graph_instantiate(&exec_, graph_, 0), "instantiating a CUDA graph");
+}
+
+void KernelChain::launch(CUstream stream) const {
+  check(driver().graph_launch(exec_, stream), "launching a CUDA graph");
+}
+
+CUstream flushed_stream(const mx::Stream& s) {
+  auto& encoder = mx::cu::get_command_encoder(s);
+  encoder.commit();
+  encoder.device().make_current();
+  return static_cast<CUstream>(static_cast<cudaStream_t>(encoder.stream()));
+}
+
+void copy_host_to_device(void* dst, const void* src, size_t bytes, CUstream stream) {
+  check(
+      driver().memcpy_htod_async(reinterpret_cast<CUdeviceptr>(dst), src, bytes, stream),
+      "copying to the GPU");
+}
+
+void copy_device_to_device(void* dst, const void* src, size_t bytes, CUstream stream) {
+  check(
+      driver().memcpy_dtod_async(
+          reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes, stream),
+      "copying on the GPU");
 }
 
 void keep_until_done(const mx::Stream& s, const mx::array& a) {

@@ -44,6 +44,43 @@ void* device_ptr_mut(mlx::core::array& a);
 // Whether every array starts on a 16-byte boundary (vector loads).
 bool aligned16(const std::vector<mlx::core::array>& arrays);
 
+// A chain of kernels built once as a CUDA graph of this crate's own and
+// launched whole on a stream, each kernel after the one before: for work
+// repeated with the same shapes and buffers (a decode step), where adding
+// every kernel to MLX's graph again costs more host time than the kernels
+// take on the GPU. Arguments are copied when a kernel is added.
+class KernelChain {
+ public:
+  explicit KernelChain(const mlx::core::Stream& s);
+  ~KernelChain();
+  KernelChain(const KernelChain&) = delete;
+  KernelChain& operator=(const KernelChain&) = delete;
+
+  void add(CUfunction f, dim3 grid, dim3 block, std::vector<void*> args, unsigned shared_bytes = 0);
+  // Makes the chain launchable; no kernel can be added after.
+  void instantiate();
+  // Enqueues the chain on `stream`.
+  void launch(CUstream stream) const;
+  int kernels() const {
+    return count_;
+  }
+
+ private:
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+  CUgraphNode last_ = nullptr;
+  int count_ = 0;
+};
+
+// The stream's CUDA stream, after MLX's pending kernels for it have been
+// handed to it (so work enqueued on it directly runs after them, and MLX's
+// later kernels after that work).
+CUstream flushed_stream(const mlx::core::Stream& s);
+
+// Asynchronous copies on `stream`; the host source may be reused on return.
+void copy_host_to_device(void* dst, const void* src, size_t bytes, CUstream stream);
+void copy_device_to_device(void* dst, const void* src, size_t bytes, CUstream stream);
+
 // "f32", "f16" or "bf16": the suffix of a kernel's name for a float dtype.
 const char* dtype_suffix(mlx::core::Dtype t);
 

@@ -1,6 +1,9 @@
 #include "decoder_layer/cuda.h"
 
 #include <algorithm>
+#include <list>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -53,28 +56,23 @@ RowsBucket bucket_for(int rows) {
   return {4, 4, 2};
 }
 
-// Launches of one decode step on one stream: every kernel a node of MLX's
-// CUDA graph, ordered by the arrays each reads and writes.
+// The kernels of one decode step, added in order to a KernelChain; the
+// intermediates are buffers that live as long as the chain.
 class StepLauncher {
  public:
-  StepLauncher(const mx::Stream& s, mx::Dtype t) : s_(s), t_(t), dt_(dtype_suffix(t)) {}
+  StepLauncher(const mx::Stream& s, mx::Dtype t, KernelChain& chain, std::vector<array>& buffers)
+      : s_(s), t_(t), dt_(dtype_suffix(t)), chain_(chain), buffers_(buffers) {}
 
-  // A buffer for the step's intermediates, alive until the step has run.
+  // A buffer kept with the chain.
   array scratch(mx::Shape shape, mx::Dtype t) {
     array a(std::move(shape), t, nullptr, {});
     allocate(a);
-    keep_until_done(s_, a);
+    buffers_.push_back(a);
     return a;
   }
 
-  void launch(
-      const std::string& name,
-      dim3 grid,
-      dim3 block,
-      const std::vector<array>& in,
-      std::vector<array> out,
-      std::vector<void*> args) {
-    cuda_enqueue(s_, cuda_function(s_, fatbin::decoder_layer(), name), grid, block, in, out, std::move(args));
+  void launch(const std::string& name, dim3 grid, dim3 block, std::vector<void*> args) {
+    chain_.add(cuda_function(s_, fatbin::decoder_layer(), name), grid, block, std::move(args));
   }
 
   // out[:, col0 ..] = x · [matrices]ᵀ (+ bias) (+ residual), x and out of
@@ -128,9 +126,6 @@ class StepLauncher {
         a.group_size[j] = m.group_size;
         cols += a.n[j];
         in.insert(in.end(), {*m.w, *m.scales, *m.biases});
-        if (m.bias) {
-          in.push_back(*m.bias);
-        }
       }
       a.n_cols = cols;
       vec = vec && aligned16(in);
@@ -140,7 +135,7 @@ class StepLauncher {
       int per_block = kQmvWarpsPerBlock * b.cols;
       launch(
           name, dim3((cols + per_block - 1) / per_block, (rows + b.rows - 1) / b.rows),
-          dim3(32 * kQmvWarpsPerBlock), in, {out}, {&a, &vec});
+          dim3(32 * kQmvWarpsPerBlock), {&a, &vec});
       col0 += cols;
       first = end;
     }
@@ -169,7 +164,7 @@ class StepLauncher {
     int per_block = kQmvWarpsPerBlock * b.gate_cols;
     launch(
         name, dim3((a.n_len + per_block - 1) / per_block, (rows + b.rows - 1) / b.rows),
-        dim3(32 * kQmvWarpsPerBlock), in, {out}, {&a, &vec});
+        dim3(32 * kQmvWarpsPerBlock), {&a, &vec});
   }
 
   // normed = RMSNorm(x) with f32 weights w.
@@ -178,7 +173,7 @@ class StepLauncher {
     const void* wp = device_ptr(w);
     void* np = device_ptr_mut(normed);
     launch(
-        std::string("mlx_backend_step_norm_") + dt_, dim3(rows), dim3(kNormThreads), {x, w}, {normed},
+        std::string("mlx_backend_step_norm_") + dt_, dim3(rows), dim3(kNormThreads),
         {&xp, &wp, &np, &eps, &hidden});
   }
 
@@ -190,6 +185,8 @@ class StepLauncher {
   mx::Stream s_;
   mx::Dtype t_;
   const char* dt_;
+  KernelChain& chain_;
+  std::vector<array>& buffers_;
 };
 
 // The projection matrix p (0..6: q, k, v, o, gate, up, down) of a block.
@@ -201,6 +198,69 @@ Matrix matrix(const PreparedLayer& layer, int p, const array* bias = nullptr) {
 
 const array* optional_ptr(const std::optional<array>& a) {
   return a ? &*a : nullptr;
+}
+
+// A decode step's kernels for one shape, built once and replayed: the
+// chain, its intermediates, and the buffers each replay exchanges with the
+// node's arrays (the input copied in, the output copied out, the row table
+// rewritten).
+struct StepGraph {
+  // The stack's parts it was built from: a replay needs them alive.
+  std::vector<std::weak_ptr<const PreparedLayer>> layers;
+  std::weak_ptr<const PreparedEmbedding> embedding;
+  std::weak_ptr<const PreparedHead> head;
+  std::vector<array> buffers;
+  // Indices into `buffers`.
+  size_t input = 0, output = 0, table = 0;
+  std::unique_ptr<KernelChain> chain;
+
+  bool alive() const {
+    for (const auto& l : layers) {
+      if (l.expired()) {
+        return false;
+      }
+    }
+    return true;
+  }
+};
+
+// Step graphs per stream, most recently used first: a few shapes (batch
+// sizes, attention splits) alternate in a serving loop.
+constexpr size_t kStepGraphsPerStream = 8;
+
+using StepKey = std::vector<long long>;
+
+struct StepGraphCache {
+  std::mutex mutex;
+  std::map<std::pair<int, int>, std::list<std::pair<StepKey, std::shared_ptr<StepGraph>>>> by_stream;
+};
+
+StepGraphCache& step_graphs() {
+  static StepGraphCache cache;
+  return cache;
+}
+
+// The table's byte layout for `entries` (blocks × rows) rows: keys' and
+// values' addresses, then offsets and capacities.
+struct TableLayout {
+  size_t k, v, offset, capacity, bytes;
+  explicit TableLayout(size_t entries)
+      : k(0),
+        v(entries * sizeof(void*)),
+        offset(2 * entries * sizeof(void*)),
+        capacity(offset + entries * sizeof(int)),
+        bytes(capacity + entries * sizeof(int)) {}
+};
+
+// Attention splits rounded up to a power of two, so that a growing cache
+// changes the graph's shape a few times rather than every 256 keys (the
+// merge skips empty splits).
+int rounded_splits(int splits) {
+  int p = 1;
+  while (p < splits) {
+    p *= 2;
+  }
+  return p;
 }
 
 class DecoderStackCuda : public GpuBody {
@@ -226,58 +286,164 @@ class DecoderStackCuda : public GpuBody {
       const std::vector<array>& inputs,
       std::vector<array>& outputs) override {
     const int rows = batch_;
-    const auto& first = layers_[0]->config;
-    const int hidden = first.hidden;
     const mx::Dtype t = embedding_ ? mx::float32 : inputs[0].dtype();
-    StepLauncher step(s, t);
     auto& out = outputs[0];
     allocate(out);
     std::vector<std::pair<array, array>> copies;
     std::vector<array> caches = caches_to_write(inputs, outputs, in_place_, copies);
     for (auto& [src, dst] : copies) {
-      copy(step, src, dst);
+      copy_cache(s, src, dst);
     }
+    std::vector<int> splits;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      int longest = 0;
+      for (int b = 0; b < rows; ++b) {
+        longest = std::max(longest, offsets_[l * rows + b] + 1);
+      }
+      splits.push_back(
+          rounded_splits(cuda_attention_key_splits(rows * layers_[l]->config.n_heads, longest)));
+    }
+    std::shared_ptr<StepGraph> graph = step_graph(s, t, splits);
+
+    const size_t entries = layers_.size() * static_cast<size_t>(rows);
+    const TableLayout layout(entries);
+    std::vector<char> table(layout.bytes);
+    auto* k = reinterpret_cast<const void**>(table.data() + layout.k);
+    auto* v = reinterpret_cast<const void**>(table.data() + layout.v);
+    auto* offset = reinterpret_cast<int*>(table.data() + layout.offset);
+    auto* capacity = reinterpret_cast<int*>(table.data() + layout.capacity);
+    for (size_t i = 0; i < entries; ++i) {
+      k[i] = device_ptr(caches[2 * i]);
+      v[i] = device_ptr(caches[2 * i + 1]);
+      offset[i] = offsets_[i];
+      capacity[i] = caches[2 * i].shape(2);
+    }
+    auto& buffers = graph->buffers;
+    CUstream stream = flushed_stream(s);
+    copy_host_to_device(device_ptr_mut(buffers[graph->table]), table.data(), layout.bytes, stream);
+    copy_device_to_device(
+        device_ptr_mut(buffers[graph->input]), device_ptr(inputs[0]), inputs[0].nbytes(), stream);
+    graph->chain->launch(stream);
+    copy_device_to_device(device_ptr_mut(out), device_ptr(buffers[graph->output]), out.nbytes(), stream);
+  }
+
+ private:
+  // The graph for this stack, batch, dtype and splits on stream s: cached,
+  // or built.
+  std::shared_ptr<StepGraph> step_graph(const mx::Stream& s, mx::Dtype t, const std::vector<int>& splits) {
+    StepKey key{batch_, static_cast<long long>(t.val()), reinterpret_cast<long long>(embedding_.get()),
+                reinterpret_cast<long long>(head_.get())};
+    for (const auto& l : layers_) {
+      key.push_back(reinterpret_cast<long long>(l.get()));
+    }
+    key.insert(key.end(), splits.begin(), splits.end());
+    auto& cache = step_graphs();
+    std::unique_lock<std::mutex> lock(cache.mutex);
+    auto& list = cache.by_stream[{s.device.index, s.index}];
+    // Graphs of stacks that are gone go too; what a replay may still be
+    // reading is released after the stream's work.
+    auto retire = [&](std::shared_ptr<StepGraph> g) {
+      for (const auto& b : g->buffers) {
+        keep_until_done(s, b);
+      }
+    };
+    for (auto it = list.begin(); it != list.end();) {
+      if (!it->second->alive()) {
+        retire(it->second);
+        it = list.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = list.begin(); it != list.end(); ++it) {
+      if (it->first == key) {
+        list.splice(list.begin(), list, it);
+        return list.front().second;
+      }
+    }
+    lock.unlock();
+    auto graph = build(s, t, splits);
+    lock.lock();
+    list.emplace_front(std::move(key), graph);
+    while (list.size() > kStepGraphsPerStream) {
+      retire(list.back().second);
+      list.pop_back();
+    }
+    return graph;
+  }
+
+  std::shared_ptr<StepGraph> build(const mx::Stream& s, mx::Dtype t, const std::vector<int>& splits) {
+    auto g = std::make_shared<StepGraph>();
+    for (const auto& l : layers_) {
+      g->layers.push_back(l);
+    }
+    g->embedding = embedding_;
+    g->head = head_;
+    g->chain = std::make_unique<KernelChain>(s);
+    StepLauncher step(s, t, *g->chain, g->buffers);
+    const int rows = batch_;
+    const auto& first = layers_[0]->config;
+    const int hidden = first.hidden;
+
+    g->input = g->buffers.size();
+    array input = embedding_ ? step.scratch({rows}, mx::uint32) : step.scratch({rows, hidden}, t);
+    g->output = g->buffers.size();
+    array output =
+        head_ ? step.scratch({rows, head_->vocab}, mx::float32) : step.scratch({rows, hidden}, t);
+    const size_t entries = layers_.size() * static_cast<size_t>(rows);
+    const TableLayout layout(entries);
+    g->table = g->buffers.size();
+    array table = step.scratch({static_cast<int>(layout.bytes)}, mx::uint8);
+    char* table_at = static_cast<char*>(device_ptr_mut(table));
 
     // The running hidden state h, the block's h + attention, the norms'
     // output and the other intermediates, reused by every block: each
     // kernel reads what the one before wrote, so the step is one chain.
-    array h = embedding_ ? step.scratch({rows, hidden}, mx::float32) : inputs[0];
+    array h = embedding_ ? step.scratch({rows, hidden}, mx::float32) : input;
     if (embedding_) {
-      embed(step, inputs[0], h);
+      embed(step, input, h);
     }
     array running = step.scratch({rows, hidden}, t);
     array h1 = step.scratch({rows, hidden}, t);
     array normed = step.scratch({rows, hidden}, t);
     // Flat, sized for the widest block; each block reads them with its
     // own row widths.
-    int qkv_cols = 0, q_width = 0, inter = 0;
-    for (const auto& layer : layers_) {
-      const auto& c = layer->config;
+    int qkv_cols = 0, q_width = 0, inter = 0, partial_floats = 0;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& c = layers_[l]->config;
       qkv_cols = std::max(qkv_cols, (c.n_heads + 2 * c.n_kv_heads) * c.head_dim);
       q_width = std::max(q_width, c.n_heads * c.head_dim);
       inter = std::max(inter, c.intermediate);
+      partial_floats = std::max(partial_floats, c.n_heads * splits[l] * (c.head_dim + 2));
     }
     array qkv = step.scratch({rows * qkv_cols}, t);
     array q = step.scratch({rows * q_width}, t);
     array attended = step.scratch({rows * q_width}, t);
     array act = step.scratch({rows * inter}, t);
+    array partials = step.scratch({std::max(1, rows * partial_floats)}, mx::float32);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const auto& layer = *layers_[l];
       const auto& c = layer.config;
       const auto& v = layer.vectors;
       const int q_cols = c.n_heads * c.head_dim;
+      const size_t at = l * static_cast<size_t>(rows);
+      RowCaches rc{
+          reinterpret_cast<void* const*>(table_at + layout.k) + at,
+          reinterpret_cast<void* const*>(table_at + layout.v) + at,
+          reinterpret_cast<const int*>(table_at + layout.offset) + at,
+          reinterpret_cast<const int*>(table_at + layout.capacity) + at};
       step.norm(h, v.input_norm, c.eps, normed, rows, hidden);
       step.project(
           normed, t,
           {matrix(layer, 0, optional_ptr(v.qkv_bias[0])), matrix(layer, 1, optional_ptr(v.qkv_bias[1])),
            matrix(layer, 2, optional_ptr(v.qkv_bias[2]))},
           nullptr, qkv, t, rows, hidden);
-      attend(step, layer, qkv, q, attended, caches, l);
+      attend(step, layer, rc, splits[l], qkv, q, attended, partials);
       step.project(attended, t, {matrix(layer, 3)}, &h, h1, t, rows, q_cols);
       step.norm(h1, v.post_norm, c.eps, normed, rows, hidden);
       step.gate(normed, matrix(layer, 4), matrix(layer, 5), act, rows, hidden);
       const bool last = l + 1 == layers_.size();
-      array& dst = last && !head_ ? out : running;
+      array& dst = last && !head_ ? output : running;
       step.project(act, t, {matrix(layer, 6)}, &h1, dst, t, rows, c.intermediate);
       h = dst;
     }
@@ -285,13 +451,15 @@ class DecoderStackCuda : public GpuBody {
       step.norm(h, head_->norm_f32, head_->eps, normed, rows, hidden);
       const auto& p = head_->params;
       Matrix m{&p[1], &p[2], &p[3], head_->bits, head_->group_size, nullptr};
-      step.project(normed, t, {m}, nullptr, out, mx::float32, rows, hidden);
+      step.project(normed, t, {m}, nullptr, output, mx::float32, rows, hidden);
     }
+    g->chain->instantiate();
+    return g;
   }
 
- private:
-  // dst = src, a cache that cannot be written in place (any view).
-  void copy(StepLauncher& step, const array& src, array& dst) {
+  // dst = src, a cache that cannot be written in place (any view), as a
+  // node of MLX's graph ahead of the step.
+  void copy_cache(const mx::Stream& s, const array& src, array& dst) {
     if (src.ndim() != 4 || (src.itemsize() != 2 && src.itemsize() != 4)) {
       throw std::logic_error("decoder_layer CUDA body: caches are 4-D float arrays (the op checks this)");
     }
@@ -304,9 +472,11 @@ class DecoderStackCuda : public GpuBody {
     }
     a.n = static_cast<long long>(src.size());
     int blocks = static_cast<int>(std::min<long long>((a.n + 255) / 256, 4096));
-    step.launch(
-        std::string("mlx_backend_step_copy_b") + std::to_string(src.itemsize()), dim3(std::max(blocks, 1)),
-        dim3(256), {src}, {dst}, {&a});
+    std::vector<array> out{dst};
+    cuda_enqueue(
+        s,
+        cuda_function(s, fatbin::decoder_layer(), std::string("mlx_backend_step_copy_b") + std::to_string(src.itemsize())),
+        dim3(std::max(blocks, 1)), dim3(256), {src}, out, {&a});
   }
 
   void embed(StepLauncher& step, const array& ids, array& h) {
@@ -320,109 +490,64 @@ class DecoderStackCuda : public GpuBody {
     int vocab = e.vocab, hidden = e.hidden, group = e.group_size;
     step.launch(
         std::string("mlx_backend_step_embed_") + dtype_suffix(p[1].dtype()) + "_b" + std::to_string(e.bits),
-        dim3(batch_), dim3(kNormThreads), {ids, p[0], p[1], p[2]}, {h},
-        {&ip, &wp, &sp, &bp, &op, &vocab, &hidden, &group});
+        dim3(batch_), dim3(kNormThreads), {&ip, &wp, &sp, &bp, &op, &vocab, &hidden, &group});
   }
 
-  // RoPE and the cache append, then attention, for block l: rows go in
-  // launches of up to kStepRowsPerLaunch rows (their caches travel in the
-  // arguments); each launch also reads what the previous one wrote, so the
-  // launches stay ordered.
+  // RoPE and the cache append, then attention, for one block: each row's
+  // cache and length come from the step table (rc).
   void attend(
       StepLauncher& step,
       const PreparedLayer& layer,
+      const RowCaches& rc,
+      int splits,
       const array& qkv,
       array& q,
       array& attended,
-      const std::vector<array>& caches,
-      size_t l) {
+      array& partials) {
     const auto& c = layer.config;
     const auto& v = layer.vectors;
     const int rows = batch_;
     const int d = c.head_dim;
-    int longest = 0;
-    for (int b = 0; b < rows; ++b) {
-      longest = std::max(longest, offsets_[l * rows + b] + 1);
-    }
-    const int splits = cuda_attention_key_splits(rows * c.n_heads, longest);
-    std::optional<array> partials;
-    if (splits > 1) {
-      partials = step.scratch({rows * c.n_heads * splits * (d + 2)}, mx::float32);
-    }
-    for (int first = 0; first < rows; first += kStepRowsPerLaunch) {
-      const int count = std::min(kStepRowsPerLaunch, rows - first);
-      RowCaches rc{};
-      std::vector<array> row_caches;
-      for (int i = 0; i < count; ++i) {
-        const size_t at = 2 * (l * rows + first + i);
-        const array& k = caches[at];
-        const array& vv = caches[at + 1];
-        rc.k[i] = const_cast<void*>(device_ptr(k));
-        rc.v[i] = const_cast<void*>(device_ptr(vv));
-        rc.offset[i] = offsets_[l * rows + first + i];
-        rc.capacity[i] = k.shape(2);
-        row_caches.push_back(k);
-        row_caches.push_back(vv);
-      }
-      RopeAppendArgs ra{};
-      ra.qkv = device_ptr(qkv);
-      ra.q_out = device_ptr_mut(q);
-      ra.q_norm = v.qk_norm[0] ? static_cast<const float*>(device_ptr(*v.qk_norm[0])) : nullptr;
-      ra.k_norm = v.qk_norm[1] ? static_cast<const float*>(device_ptr(*v.qk_norm[1])) : nullptr;
-      ra.inv_freqs = static_cast<const float*>(device_ptr(v.inv_freqs));
-      ra.caches = rc;
-      ra.first_row = first;
-      ra.nq = c.n_heads;
-      ra.nkv = c.n_kv_heads;
-      ra.d = d;
-      ra.dims = c.rope_dims;
-      ra.traditional = c.rope_traditional;
-      ra.position_scale = c.rope_scale;
-      ra.mscale = c.rope_mscale;
-      ra.eps = c.eps;
-      std::vector<array> in{qkv, v.inv_freqs};
-      for (const auto& n : v.qk_norm) {
-        if (n) {
-          in.push_back(*n);
-        }
-      }
-      if (first > 0) {
-        in.push_back(q);
-      }
-      std::vector<array> written = row_caches;
-      written.push_back(q);
-      step.launch(
-          std::string("mlx_backend_step_rope_append_") + step.dt(),
-          dim3(c.n_heads + 2 * c.n_kv_heads, count), dim3(32), in, written, {&ra});
+    RopeAppendArgs ra{};
+    ra.qkv = device_ptr(qkv);
+    ra.q_out = device_ptr_mut(q);
+    ra.q_norm = v.qk_norm[0] ? static_cast<const float*>(device_ptr(*v.qk_norm[0])) : nullptr;
+    ra.k_norm = v.qk_norm[1] ? static_cast<const float*>(device_ptr(*v.qk_norm[1])) : nullptr;
+    ra.inv_freqs = static_cast<const float*>(device_ptr(v.inv_freqs));
+    ra.caches = rc;
+    ra.nq = c.n_heads;
+    ra.nkv = c.n_kv_heads;
+    ra.d = d;
+    ra.dims = c.rope_dims;
+    ra.traditional = c.rope_traditional;
+    ra.position_scale = c.rope_scale;
+    ra.mscale = c.rope_mscale;
+    ra.eps = c.eps;
+    step.launch(
+        std::string("mlx_backend_step_rope_append_") + step.dt(),
+        dim3(c.n_heads + 2 * c.n_kv_heads, rows), dim3(32), {&ra});
 
-      StepAttentionArgs aa{};
-      aa.q = device_ptr(q);
-      aa.out = device_ptr_mut(attended);
-      aa.partials = partials ? static_cast<float*>(device_ptr_mut(*partials)) : nullptr;
-      aa.caches = rc;
-      aa.first_row = first;
-      aa.nq = c.n_heads;
-      aa.nkv = c.n_kv_heads;
-      aa.d = d;
-      aa.splits = splits;
-      aa.scale = c.attn_scale;
-      std::vector<array> attn_in{q};
-      attn_in.insert(attn_in.end(), row_caches.begin(), row_caches.end());
-      if (first > 0) {
-        attn_in.push_back(partials ? *partials : attended);
-      }
-      step.launch(
-          std::string("mlx_backend_step_attention_") + step.dt(), dim3(splits, c.n_heads, count),
-          dim3(32 * kAttendWarps), attn_in, {partials ? *partials : attended}, {&aa});
-    }
-    if (partials) {
-      const void* pp = device_ptr(*partials);
+    StepAttentionArgs aa{};
+    aa.q = device_ptr(q);
+    aa.out = device_ptr_mut(attended);
+    aa.partials = splits > 1 ? static_cast<float*>(device_ptr_mut(partials)) : nullptr;
+    aa.caches = rc;
+    aa.nq = c.n_heads;
+    aa.nkv = c.n_kv_heads;
+    aa.d = d;
+    aa.splits = splits;
+    aa.scale = c.attn_scale;
+    step.launch(
+        std::string("mlx_backend_step_attention_") + step.dt(), dim3(splits, c.n_heads, rows),
+        dim3(32 * kAttendWarps), {&aa});
+    if (splits > 1) {
+      const void* pp = device_ptr(partials);
       void* op = device_ptr_mut(attended);
       int dd = d;
       int ss = splits;
       step.launch(
           std::string("mlx_backend_step_attention_merge_") + step.dt(), dim3(rows * c.n_heads),
-          dim3(32 * kAttendWarps), {*partials}, {attended}, {&pp, &op, &dd, &ss});
+          dim3(32 * kAttendWarps), {&pp, &op, &dd, &ss});
     }
   }
 

@@ -159,19 +159,18 @@ __device__ void rope_append(const RopeAppendArgs& a) {
   constexpr int kMaxD = kAttendMaxPerLane * 32;
   __shared__ float v[kMaxD];
   const int h = blockIdx.x;
-  const int slot = blockIdx.y;
-  const int row = a.first_row + slot;
+  const int row = blockIdx.y;
   const int lane = threadIdx.x;
   const int d = a.d;
   const int heads = a.nq + 2 * a.nkv;
   const T* src = static_cast<const T*>(a.qkv) + (static_cast<size_t>(row) * heads + h) * d;
-  const int offset = a.caches.offset[slot];
+  const int offset = a.caches.offset[row];
   const size_t cache_at = (static_cast<size_t>(h < a.nq + a.nkv ? h - a.nq : h - a.nq - a.nkv) *
-                               a.caches.capacity[slot] +
+                               a.caches.capacity[row] +
                            offset) *
       d;
   if (h >= a.nq + a.nkv) {
-    T* dst = static_cast<T*>(a.caches.v[slot]) + cache_at;
+    T* dst = static_cast<T*>(a.caches.v[row]) + cache_at;
     for (int e = lane; e < d; e += 32) {
       dst[e] = src[e];
     }
@@ -199,7 +198,7 @@ __device__ void rope_append(const RopeAppendArgs& a) {
   }
   __syncwarp();
   T* dst = query ? static_cast<T*>(a.q_out) + (static_cast<size_t>(row) * a.nq + h) * d
-                 : static_cast<T*>(a.caches.k[slot]) + cache_at;
+                 : static_cast<T*>(a.caches.k[row]) + cache_at;
   const int half = a.dims / 2;
   const float position = a.position_scale * static_cast<float>(offset);
   for (int i = lane; i < half; i += 32) {
@@ -223,16 +222,15 @@ template <typename T>
 __device__ void step_attention(const StepAttentionArgs& a) {
   const int split = blockIdx.x;
   const int head = blockIdx.y;
-  const int slot = blockIdx.z;
-  const int row = a.first_row + slot;
+  const int row = blockIdx.z;
   const int kv_head = head / (a.nq / a.nkv);
-  const int cap = a.caches.capacity[slot];
+  const int cap = a.caches.capacity[row];
   int first_key, end_key;
-  split_range(a.caches.offset[slot], split, a.splits, first_key, end_key);
+  split_range(a.caches.offset[row], split, a.splits, first_key, end_key);
   const size_t head_at = static_cast<size_t>(kv_head) * cap * a.d;
   const KeyValueRows<T> kv{
-      static_cast<const T*>(a.caches.k[slot]) + head_at,
-      static_cast<const T*>(a.caches.v[slot]) + head_at,
+      static_cast<const T*>(a.caches.k[row]) + head_at,
+      static_cast<const T*>(a.caches.v[row]) + head_at,
       a.d,
       1,
       a.d,

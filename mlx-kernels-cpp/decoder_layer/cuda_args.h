@@ -1,16 +1,14 @@
 // The decode step's kernel arguments: structs that the host fills
 // (decoder_layer/cuda.cpp) and the kernels take by value
-// (decoder_layer/cuda.cu). Rows' caches travel in the arguments (a few
-// KB at most), so a step needs no pointer table in device memory.
+// (decoder_layer/cuda.cu). The step's kernels form a CUDA graph built once
+// per shape and replayed every step, so what changes from step to step
+// (each row's cache and length) is read from a table in device memory that
+// the host rewrites before each replay.
 #pragma once
 
 #include <cstdint>
 
 namespace mlx_backend {
-
-// Rows whose caches one rope or attention launch takes; more rows take
-// several launches.
-constexpr int kStepRowsPerLaunch = 64;
 
 // Quantized projections concatenated along the output columns (q, k and
 // v as one launch; one matrix otherwise): out[r, :] = x[r, :]·[W0; W1; W2]ᵀ,
@@ -47,13 +45,14 @@ struct GateArgs {
   int rows, k_len, n_len, group_size;
 };
 
-// Each row's keys and values ([1, n_kv_heads, capacity, head_dim],
-// row-contiguous) and its cached length before this step.
+// One block's view of the step table: for each row, its keys and values
+// ([1, n_kv_heads, capacity, head_dim], row-contiguous), its cached length
+// before this step and its capacity.
 struct RowCaches {
-  void* k[kStepRowsPerLaunch];
-  void* v[kStepRowsPerLaunch];
-  int offset[kStepRowsPerLaunch];
-  int capacity[kStepRowsPerLaunch];
+  void* const* k;
+  void* const* v;
+  const int* offset;
+  const int* capacity;
 };
 
 // q and k: optional per-head RMSNorm, then RoPE at each row's offset; k
@@ -69,8 +68,6 @@ struct RopeAppendArgs {
   // f32 [dims / 2]: 1 / frequency of each rotated pair.
   const float* inv_freqs;
   RowCaches caches;
-  // The global row of caches' slot 0.
-  int first_row;
   int nq, nkv, d, dims;
   bool traditional;
   float position_scale, mscale, eps;
@@ -85,7 +82,6 @@ struct StepAttentionArgs {
   // The first pass's partial states when splits > 1, else null.
   float* partials;
   RowCaches caches;
-  int first_row;
   int nq, nkv, d, splits;
   float scale;
 };
