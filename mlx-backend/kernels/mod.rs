@@ -24,6 +24,8 @@ pub mod moe_combine;
 pub mod quantized_matmul;
 pub mod registry;
 pub mod rms_norm;
+#[doc(hidden)]
+pub mod test_hooks;
 
 pub use activation::ActivationPrecision;
 pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, CUDA_ATTENTION_MAX_QUERIES};

@@ -335,19 +335,17 @@ pub fn last_failure() -> Option<Failure> {
         .clone()
 }
 
-/// Test hook: the kernel's next CPU invocation fails as if its body had
-/// returned an error.
-#[doc(hidden)]
-pub fn force_failure(kernel: Kernel, fail: bool) {
+/// The kernel's next CPU invocation fails as if its body had returned an
+/// error ([`super::test_hooks::force_failure`]).
+pub(crate) fn force_failure(kernel: Kernel, fail: bool) {
     slot(kernel, Backend::Cpu)
         .force_failure
         .store(fail, Ordering::SeqCst);
 }
 
-/// Test hook: forget a recorded failure (on every backend) so the kernel is
-/// used again.
-#[doc(hidden)]
-pub fn clear_failure(kernel: Kernel) {
+/// Forgets a recorded failure on every backend, so the kernel is used
+/// again ([`super::test_hooks::clear_failure`]).
+pub(crate) fn clear_failure(kernel: Kernel) {
     for b in Backend::ALL {
         slot(kernel, b).failed.store(false, Ordering::SeqCst);
     }
