@@ -9,7 +9,7 @@
 //! memory apart from the other backends'.
 
 use super::registry::Kernel;
-use crate::device::current_spec;
+use crate::device::{current_spec, Device};
 use std::fmt;
 
 /// Where a kernel body runs.
@@ -54,10 +54,14 @@ impl Backend {
 
     /// The backend of the stream ops are being built on now.
     pub fn current() -> Backend {
-        if current_spec().device.device_type == 0 {
-            Backend::Cpu
-        } else {
-            Backend::gpu()
+        Backend::of(Device::from_spec(current_spec().device))
+    }
+
+    /// The backend whose bodies run on a stream of `device`.
+    pub fn of(device: Device) -> Backend {
+        match device {
+            Device::Cpu => Backend::Cpu,
+            Device::Gpu(_) => Backend::gpu(),
         }
     }
 

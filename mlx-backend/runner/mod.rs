@@ -20,6 +20,7 @@ pub use handle::{ForwardFuture, RunnerHandle};
 pub use metrics::RunnerMetrics;
 pub use mlx_runner::{MlxModelRunner, RunnerConfig};
 
+use crate::kernels::Kernel;
 use crate::{Device, Dtype};
 
 /// What the runner serves, for the engine's scheduler.
@@ -34,8 +35,11 @@ pub struct RunnerInfo {
     pub kv_capacity_tokens: usize,
     pub dtype: Dtype,
     pub device: Device,
-    /// Kernels that run fused (the rest fall back to MLX's built-in graphs).
-    pub fused_kernels: Vec<String>,
+    /// Kernels whose fused body serves this runner on `device`'s backend:
+    /// it has one there, it is switched on and it has not failed. The rest
+    /// run MLX's built-in graphs, as does any call whose own inputs a body
+    /// does not cover.
+    pub fused_kernels: Vec<Kernel>,
 }
 
 /// The per-forward-batch contract.
