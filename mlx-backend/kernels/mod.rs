@@ -43,6 +43,7 @@ pub use rms_norm::{rms_norm, rms_norm_residual};
 use crate::array::{eval, Array};
 use crate::dtype::Dtype;
 use crate::error::{EvalError, OpError};
+use crate::ops::QuantSpec;
 use thiserror::Error;
 
 /// Decides fused or fallback on the current stream's backend (the
@@ -85,13 +86,6 @@ fn quantized_shape_eligibility(
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())
-}
-
-/// Quantization parameters of a warmup spec.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuantSpec {
-    pub bits: i32,
-    pub group_size: i32,
 }
 
 /// One warmup run: a kernel, a dtype and a shape (per kernel: `[rows,

@@ -3,6 +3,7 @@
 
 use super::error::ModelLoadError;
 use crate::io::GgufFile;
+use crate::ops::QuantSpec;
 use serde_json::Value;
 
 /// The supported families.
@@ -71,10 +72,10 @@ pub enum RopeScaling {
 /// Quantization of a checkpoint (mlx-community `quantization` block).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantConfig {
-    pub group_size: i32,
-    pub bits: i32,
-    /// Per-module overrides: `(module path, Some((group, bits)) | None = not quantized)`.
-    pub overrides: Vec<(String, Option<(i32, i32)>)>,
+    /// What every quantized module uses unless overridden.
+    pub default: QuantSpec,
+    /// Per-module overrides: `(module path, Some(spec) | None = not quantized)`.
+    pub overrides: Vec<(String, Option<QuantSpec>)>,
 }
 
 /// Mixture-of-experts settings.
@@ -434,15 +435,20 @@ fn parse_quantization(j: &Json<'_>) -> Result<Option<QuantConfig>, ModelLoadErro
                         .get("bits")
                         .and_then(|x| x.as_i64())
                         .unwrap_or(bits as i64) as i32;
-                    overrides.push((k.clone(), Some((g, b))));
+                    overrides.push((
+                        k.clone(),
+                        Some(QuantSpec {
+                            bits: b,
+                            group_size: g,
+                        }),
+                    ));
                 }
                 _ => {}
             }
         }
     }
     Ok(Some(QuantConfig {
-        group_size,
-        bits,
+        default: QuantSpec { bits, group_size },
         overrides,
     }))
 }

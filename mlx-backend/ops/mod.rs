@@ -14,7 +14,7 @@ mod shape;
 
 pub use fast::{scaled_dot_product_attention, AttentionMask, RopeOffset};
 pub use indexing::{concatenate, split, stack, where_};
-pub use quantized::{quantize, Quantized};
+pub use quantized::{quantize, QuantSpec, Quantized};
 
 use crate::array::Array;
 use crate::device::current_spec;
