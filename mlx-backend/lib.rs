@@ -14,6 +14,8 @@
 //! * [`tokenizer`]: tokenizers (tokenizer.json or GGUF metadata), streaming
 //!   detokenization and chat templates.
 
+#![warn(missing_docs)]
+
 mod array;
 mod device;
 mod dtype;

@@ -27,6 +27,7 @@ pub enum Backend {
 pub(crate) const BACKENDS: usize = 3;
 
 impl Backend {
+    /// Every backend, in the order the registry indexes them.
     pub const ALL: [Backend; BACKENDS] = [Backend::Cpu, Backend::Cuda, Backend::Metal];
 
     /// The name used in `MLX_BACKEND_KERNELS` (`rms_norm@cuda`), logs and errors.
@@ -38,6 +39,7 @@ impl Backend {
         }
     }
 
+    /// The backend of a name as [`Backend::name`] spells it.
     pub fn from_name(name: &str) -> Option<Backend> {
         Backend::ALL.into_iter().find(|b| b.name() == name)
     }

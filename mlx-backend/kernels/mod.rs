@@ -94,16 +94,22 @@ fn quantized_shape_eligibility(
 /// `[rows, K, N]` for quantized_matmul, `[B, Hq, Hkv, L, S, D]` for attention).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarmupSpec {
+    /// The kernel to run.
     pub kernel: Kernel,
+    /// The activations' dtype.
     pub dtype: Dtype,
+    /// The shape, as the type's docs lay it out per kernel.
     pub shape: Vec<i32>,
+    /// The weights' quantization, for the quantized kernels.
     pub quant: Option<QuantSpec>,
 }
 
 /// The mixture-of-experts part of [`ModelDims`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MoeDims {
+    /// Experts in each MoE layer.
     pub num_experts: i32,
+    /// Experts each token is routed to.
     pub top_k: i32,
     /// Each expert's intermediate size.
     pub intermediate_size: i32,
@@ -112,11 +118,15 @@ pub struct MoeDims {
 /// The dimensions of a model, for [`warmup_for_model`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelDims {
+    /// The residual stream's width.
     pub hidden_size: i32,
+    /// The dense MLP's intermediate size.
     pub intermediate_size: i32,
+    /// The activations' dtype.
     pub dtype: Dtype,
     /// The MLP's quantization; `None` for unquantized models.
     pub quant: Option<QuantSpec>,
+    /// The MoE layers' sizes; `None` for dense models.
     pub moe: Option<MoeDims>,
     /// Attention heads, for the decoder_layer warmup.
     pub attention: Option<AttentionDims>,
@@ -125,8 +135,11 @@ pub struct ModelDims {
 /// The attention part of [`ModelDims`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionDims {
+    /// Query heads.
     pub n_heads: i32,
+    /// Key/value heads.
     pub n_kv_heads: i32,
+    /// Features per head.
     pub head_dim: i32,
 }
 
@@ -143,9 +156,21 @@ pub struct WarmupReport {
 #[derive(Debug, Clone, Error)]
 pub enum WarmupError {
     #[error("warmup of {kernel}: {source}")]
-    Op { kernel: Kernel, source: OpError },
+    /// Building a warmup op failed.
+    Op {
+        /// The kernel being warmed up.
+        kernel: Kernel,
+        /// Why the build failed.
+        source: OpError,
+    },
     #[error("warmup of {kernel}: {source}")]
-    Eval { kernel: Kernel, source: EvalError },
+    /// Evaluating a warmup op failed (the kernel is then marked failed).
+    Eval {
+        /// The kernel being warmed up.
+        kernel: Kernel,
+        /// Why the evaluation failed.
+        source: EvalError,
+    },
 }
 
 const WARMUP_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];

@@ -77,14 +77,19 @@ impl LoadOptions {
 /// Where a model came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelFormat {
+    /// A single GGUF file.
     Gguf,
+    /// An HF or mlx-community folder (`config.json` and safetensors).
     HfFolder,
 }
 
 /// A loaded model and its origin.
 pub struct LoadedModel {
+    /// The model.
     pub model: Transformer,
+    /// The format it was loaded from.
     pub format: ModelFormat,
+    /// The file or folder it was loaded from.
     pub path: PathBuf,
 }
 

@@ -96,6 +96,7 @@ pub enum Logits {
 
 /// A decoder-only transformer in mlx-lm's layout.
 pub struct Transformer {
+    /// The hyperparameters.
     pub config: ModelConfig,
     embed_tokens: Embedding,
     layers: Vec<Block>,
@@ -158,6 +159,7 @@ impl Transformer {
         })
     }
 
+    /// Decoder blocks (one KV cache each).
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }

@@ -28,7 +28,9 @@ pub struct Quantized {
     pub scales: Array,
     /// `[..., N, K / group_size]`, in the scales' dtype.
     pub biases: Array,
+    /// Elements per group.
     pub group_size: i32,
+    /// Bits per element.
     pub bits: i32,
 }
 

@@ -47,6 +47,8 @@ impl Default for RunnerConfig {
     }
 }
 
+/// The runner over one [`Transformer`]: a KV cache per request within a
+/// token budget, chunked prefill, ragged decode batches, and sampling.
 pub struct MlxModelRunner {
     model: Transformer,
     kv: KvStore,
@@ -77,6 +79,7 @@ impl Planned<'_> {
 }
 
 impl MlxModelRunner {
+    /// Wraps a loaded model (no kernel warmup: see [`MlxModelRunner::load`]).
     pub fn new(model: Transformer, config: RunnerConfig) -> MlxModelRunner {
         let model_max = model.config.max_context().max(1);
         let max_context = config.max_context.map_or(model_max, |m| m.min(model_max));
@@ -108,6 +111,7 @@ impl MlxModelRunner {
         Ok(runner)
     }
 
+    /// The model it runs.
     pub fn model(&self) -> &Transformer {
         &self.model
     }

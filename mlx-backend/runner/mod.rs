@@ -26,14 +26,19 @@ use crate::{Device, Dtype};
 /// What the runner serves, for the engine's scheduler.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunnerInfo {
+    /// The model family, e.g. `"llama"`.
     pub architecture: String,
+    /// Tokens in the vocabulary.
     pub vocab_size: usize,
+    /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
     /// The longest context one request may reach.
     pub max_context: usize,
     /// KV cache capacity in tokens across all requests.
     pub kv_capacity_tokens: usize,
+    /// The activations' dtype.
     pub dtype: Dtype,
+    /// The device it runs on.
     pub device: Device,
     /// Kernels whose fused body serves this runner on `device`'s backend:
     /// it has one there, it is switched on and it has not failed. The rest
@@ -44,11 +49,13 @@ pub struct RunnerInfo {
 
 /// The per-forward-batch contract.
 pub trait ModelRunner {
+    /// What the runner serves.
     fn info(&self) -> RunnerInfo;
     /// Run one batch. A rejected batch changes no request's state.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, RunnerError>;
     /// Free the KV state of finished or cancelled requests (unknown ids are ignored).
     fn release(&mut self, ids: &[RequestId]);
+    /// The runner's counters now.
     fn metrics(&self) -> RunnerMetrics;
     /// Start request `to` from the first `tokens` tokens request `from`
     /// holds (running, or finished but not released), as if `to` had
