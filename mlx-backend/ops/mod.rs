@@ -1,4 +1,4 @@
-//! Ops over [`Array`](crate::Array), as methods and free functions. Every op
+//! Ops over [`Array`], as methods and free functions. Every op
 //! is built on the current stream ([`crate::Stream::scope`]) and returns
 //! `Result<Array, OpError>`: MLX validates shapes, axes and dtypes while the
 //! graph is built, and a bad call leaves the graph untouched.
