@@ -17,6 +17,10 @@ use crate::kernels::registry;
 use cxx::UniquePtr;
 use std::fmt;
 
+/// An owned node of MLX's lazy array graph.
+///
+/// Ops build new nodes and do no work; [`Array::eval`] (or reading the
+/// data) computes them. Not `Send`: see [`Stream`](crate::Stream).
 pub struct Array {
     pub(crate) raw: UniquePtr<ffi::array>,
 }
@@ -71,10 +75,12 @@ impl Array {
             .map_err(OpError::from_cxx("full"))
     }
 
+    /// An array of zeros.
     pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array, OpError> {
         Array::full(shape, 0.0, dtype)
     }
 
+    /// An array of ones.
     pub fn ones(shape: &[i32], dtype: Dtype) -> Result<Array, OpError> {
         Array::full(shape, 1.0, dtype)
     }
@@ -86,10 +92,12 @@ impl Array {
             .map_err(OpError::from_cxx("arange"))
     }
 
+    /// The dimensions.
     pub fn shape(&self) -> Vec<i32> {
         ffi::array_shape(self.inner())
     }
 
+    /// The number of dimensions.
     pub fn ndim(&self) -> usize {
         self.shape().len()
     }
@@ -108,6 +116,7 @@ impl Array {
         Ok(shape[a as usize])
     }
 
+    /// The element type.
     pub fn dtype(&self) -> Dtype {
         let code = ffi::array_dtype(self.inner());
         Dtype::from_code(code).unwrap_or(Dtype::Complex64)
@@ -118,6 +127,7 @@ impl Array {
         ffi::array_size(self.inner())
     }
 
+    /// Bytes of the data (elements × element size).
     pub fn nbytes(&self) -> usize {
         ffi::array_nbytes(self.inner())
     }

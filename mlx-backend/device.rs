@@ -14,7 +14,9 @@ use std::fmt;
 /// A compute device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
+    /// The host CPU.
     Cpu,
+    /// The GPU of that index (CUDA or Metal, by the MLX build).
     Gpu(i32),
 }
 
@@ -114,10 +116,12 @@ impl Stream {
         Stream(current_spec())
     }
 
+    /// The device the stream runs on.
     pub fn device(&self) -> Device {
         Device::from_spec(self.0.device)
     }
 
+    /// MLX's index of the stream.
     pub fn index(&self) -> i32 {
         self.0.index
     }

@@ -8,19 +8,33 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i32)]
 pub enum Dtype {
+    /// Boolean.
     Bool = 0,
+    /// Unsigned 8-bit integer.
     U8 = 1,
+    /// Unsigned 16-bit integer.
     U16 = 2,
+    /// Unsigned 32-bit integer.
     U32 = 3,
+    /// Unsigned 64-bit integer.
     U64 = 4,
+    /// Signed 8-bit integer.
     I8 = 5,
+    /// Signed 16-bit integer.
     I16 = 6,
+    /// Signed 32-bit integer.
     I32 = 7,
+    /// Signed 64-bit integer.
     I64 = 8,
+    /// IEEE half precision.
     F16 = 9,
+    /// IEEE single precision.
     F32 = 10,
+    /// IEEE double precision (CPU only in MLX).
     F64 = 11,
+    /// bfloat16.
     BF16 = 12,
+    /// Complex of two f32.
     Complex64 = 13,
 }
 
@@ -96,6 +110,7 @@ impl fmt::Display for Dtype {
 /// `Self` must have the size and in-memory layout of `DTYPE`'s element, and
 /// every bit pattern MLX can produce for that dtype must be a valid `Self`.
 pub unsafe trait Element: Copy + Send + Sync + 'static {
+    /// The dtype of arrays of this element type.
     const DTYPE: Dtype;
 }
 

@@ -33,6 +33,7 @@ impl OpError {
 #[derive(Debug, Clone, Error)]
 #[error("evaluation failed: {message}")]
 pub struct EvalError {
+    /// MLX's explanation (or the failed kernel's).
     pub message: String,
 }
 
@@ -47,20 +48,37 @@ impl From<cxx::Exception> for EvalError {
 /// Moving data between Rust memory and an array failed.
 #[derive(Debug, Clone, Error)]
 pub enum HostDataError {
+    /// The Rust element type does not match the array's dtype.
     #[error("array has dtype {actual}, but {requested} was requested")]
-    DtypeMismatch { actual: Dtype, requested: Dtype },
+    DtypeMismatch {
+        /// The array's dtype.
+        actual: Dtype,
+        /// The dtype of the Rust element type asked for.
+        requested: Dtype,
+    },
+    /// The host slice's length does not fit the shape.
     #[error("host data has {len} elements but shape {shape:?} needs {expected}")]
     LengthMismatch {
+        /// Elements given.
         len: usize,
+        /// The shape asked for.
         shape: Vec<i32>,
+        /// Elements the shape holds.
         expected: usize,
     },
+    /// A single value was read from an array of more than one element.
     #[error("item() needs a single-element array, this one has shape {shape:?}")]
-    NotScalar { shape: Vec<i32> },
+    NotScalar {
+        /// The array's shape.
+        shape: Vec<i32>,
+    },
+    /// MLX reported a dtype this crate has no [`Dtype`] for.
     #[error("dtype code {0} is not one this crate knows")]
     UnknownDtype(i32),
+    /// Evaluating the array before reading it failed.
     #[error(transparent)]
     Eval(#[from] EvalError),
+    /// MLX raised an error while copying.
     #[error("{0}")]
     Mlx(String),
 }
@@ -68,8 +86,10 @@ pub enum HostDataError {
 /// Choosing a device or stream failed.
 #[derive(Debug, Clone, Error)]
 pub enum DeviceError {
+    /// This MLX build cannot run on the device (e.g. a GPU on a CPU-only build).
     #[error("device {0} is not available in this MLX build")]
     Unavailable(String),
+    /// MLX raised an error.
     #[error("{0}")]
     Mlx(String),
 }
@@ -77,25 +97,56 @@ pub enum DeviceError {
 /// Loading a tensor file (safetensors or GGUF) failed.
 #[derive(Debug, Clone, Error)]
 pub enum LoadError {
+    /// The file does not exist.
     #[error("{path}: file not found")]
-    NotFound { path: String },
+    NotFound {
+        /// The file.
+        path: String,
+    },
+    /// The file is not a valid file of its format.
     #[error("{path}: {message}")]
-    Invalid { path: String, message: String },
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The file has no tensor of that name.
     #[error("{path}: no tensor named '{name}'")]
-    MissingTensor { path: String, name: String },
+    MissingTensor {
+        /// The file.
+        path: String,
+        /// The tensor asked for.
+        name: String,
+    },
+    /// The file has no metadata entry of that key.
     #[error("{path}: no metadata key '{key}'")]
-    MissingMetadata { path: String, key: String },
+    MissingMetadata {
+        /// The file.
+        path: String,
+        /// The key asked for.
+        key: String,
+    },
+    /// A metadata entry has another type than the one asked for.
     #[error("{path}: metadata key '{key}' is {found}, expected {expected}")]
     MetadataType {
+        /// The file.
         path: String,
+        /// The key.
         key: String,
+        /// The type asked for.
         expected: &'static str,
+        /// The entry's type.
         found: String,
     },
+    /// A metadata entry could not be copied out.
     #[error("{path}: metadata key '{key}' could not be read")]
     MetadataRead {
+        /// The file.
         path: String,
+        /// The key.
         key: String,
+        /// Why reading failed.
         #[source]
         source: HostDataError,
     },
@@ -105,7 +156,9 @@ pub enum LoadError {
 #[derive(Debug, Clone, Error)]
 #[error("saving {path}: {message}")]
 pub struct SaveError {
+    /// The file being written.
     pub path: String,
+    /// MLX's (or the file system's) explanation.
     pub message: String,
 }
 
@@ -113,16 +166,22 @@ pub struct SaveError {
 /// tell them apart (`?` converts every specific error into it).
 #[derive(Debug, Clone, Error)]
 pub enum Error {
+    /// An op could not be built.
     #[error(transparent)]
     Op(#[from] OpError),
+    /// An evaluation failed.
     #[error(transparent)]
     Eval(#[from] EvalError),
+    /// Copying between host memory and an array failed.
     #[error(transparent)]
     HostData(#[from] HostDataError),
+    /// Choosing a device or stream failed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// Loading a tensor file failed.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// Saving a tensor file failed.
     #[error(transparent)]
     Save(#[from] SaveError),
 }

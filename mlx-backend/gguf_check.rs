@@ -8,7 +8,9 @@ use std::fmt;
 /// What is wrong with the file, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GgufCheckError {
+    /// Byte offset in the file where the problem was found.
     pub offset: usize,
+    /// What is wrong.
     pub message: String,
 }
 

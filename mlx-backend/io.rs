@@ -88,6 +88,7 @@ impl SafetensorsFile {
         ffi::safetensors_names(&self.raw)
     }
 
+    /// The tensor `name`.
     pub fn get(&self, name: &str) -> Result<Array, LoadError> {
         ffi::safetensors_get(&self.raw, name)
             .map(Array::from_raw)
@@ -146,7 +147,9 @@ pub fn save_safetensors(
 pub enum GgufValue {
     /// Numbers and booleans (0-d for scalars, 1-d for arrays).
     Array(Array),
+    /// A string.
     String(String),
+    /// An array of strings.
     Strings(Vec<String>),
 }
 
@@ -183,6 +186,7 @@ impl GgufFile {
         Ok(GgufFile { raw, path: display })
     }
 
+    /// The file's path, as given.
     pub fn path(&self) -> &str {
         &self.path
     }
@@ -192,12 +196,14 @@ impl GgufFile {
         ffi::gguf_names(&self.raw)
     }
 
+    /// The tensor `name`, as MLX's GGUF reader gives it.
     pub fn get(&self, name: &str) -> Result<Array, LoadError> {
         ffi::gguf_get(&self.raw, name)
             .map(Array::from_raw)
             .map_err(|e| tensor_error(&self.path, &self.names(), name, &e))
     }
 
+    /// Every metadata key.
     pub fn metadata_keys(&self) -> Vec<String> {
         ffi::gguf_metadata_keys(&self.raw)
     }
@@ -245,6 +251,7 @@ impl GgufFile {
         value.ok_or_else(|| self.missing(key))
     }
 
+    /// A string value; an error when the key is absent or not a string.
     pub fn metadata_string(&self, key: &str) -> Result<String, LoadError> {
         let v = self.opt_metadata_string(key)?;
         self.required(key, v)
@@ -259,6 +266,7 @@ impl GgufFile {
         }
     }
 
+    /// A string-array value; an error when the key is absent or not one.
     pub fn metadata_strings(&self, key: &str) -> Result<Vec<String>, LoadError> {
         let v = self.opt_metadata_strings(key)?;
         self.required(key, v)

@@ -12,6 +12,7 @@ pub fn peak_memory() -> usize {
     ffi::peak_memory()
 }
 
+/// Restarts [`peak_memory`] from the bytes held now.
 pub fn reset_peak_memory() {
     ffi::reset_peak_memory()
 }
@@ -26,6 +27,7 @@ pub fn set_memory_limit(bytes: usize) -> usize {
     ffi::set_memory_limit(bytes)
 }
 
+/// The current memory limit guideline, in bytes.
 pub fn memory_limit() -> usize {
     ffi::memory_limit()
 }

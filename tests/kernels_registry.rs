@@ -6,9 +6,9 @@ mod kernels_common;
 use kernels_common::{assert_fallback_counted, bits, fused_expected, normal, on_each_device};
 use mlx_backend::kernels::{
     self, gate_qmv_silu_mul, moe_combine, registry, rms_norm, AttentionDims, FallbackReason,
-    Kernel, ModelDims, MoeDims, QuantSpec,
+    Kernel, ModelDims, MoeDims,
 };
-use mlx_backend::ops::quantize;
+use mlx_backend::ops::{quantize, QuantSpec};
 use mlx_backend::Dtype;
 use std::sync::Mutex;
 

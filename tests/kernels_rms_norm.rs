@@ -171,21 +171,21 @@ fn residual_variant() {
 #[test]
 fn vjp_equals_fallback_vjp() {
     on_each_device(|_dev| {
-        use mlx_backend::kernels::rms_norm::vjp;
+        use mlx_backend::kernels::test_hooks::rms_norm_vjp;
         let x = normal(&[5, 3, 96], Dtype::F32, 0.0, 1.0, 800);
         let r = normal(&[5, 3, 96], Dtype::F32, 0.0, 1.0, 801);
         let w = normal(&[96], Dtype::F32, 1.0, 0.2, 802);
         let ct = normal(&[5, 3, 96], Dtype::F32, 0.0, 1.0, 803);
         let ct2 = normal(&[5, 3, 96], Dtype::F32, 0.0, 1.0, 804);
-        let fused = vjp(&[&x, &w], &[&ct], EPS, true).unwrap();
-        let fallback = vjp(&[&x, &w], &[&ct], EPS, false).unwrap();
+        let fused = rms_norm_vjp(&[&x, &w], &[&ct], EPS, true).unwrap();
+        let fallback = rms_norm_vjp(&[&x, &w], &[&ct], EPS, false).unwrap();
         assert_eq!(fused.len(), 2);
         for (a, b) in fused.iter().zip(&fallback) {
             assert_eq!(a.shape(), b.shape());
             assert_eq!(bits(a), bits(b), "rms_norm vjp");
         }
-        let fused = vjp(&[&x, &r, &w], &[&ct, &ct2], EPS, true).unwrap();
-        let fallback = vjp(&[&x, &r, &w], &[&ct, &ct2], EPS, false).unwrap();
+        let fused = rms_norm_vjp(&[&x, &r, &w], &[&ct, &ct2], EPS, true).unwrap();
+        let fallback = rms_norm_vjp(&[&x, &r, &w], &[&ct, &ct2], EPS, false).unwrap();
         assert_eq!(fused.len(), 3);
         for (a, b) in fused.iter().zip(&fallback) {
             assert_eq!(bits(a), bits(b), "rms_norm_residual vjp");

@@ -6,6 +6,7 @@
 
 use mlx_backend::io::{save_safetensors, SafetensorsFile};
 use mlx_backend::model::{self, LoadOptions, Logits, ModelLoadError};
+use mlx_backend::ops::QuantSpec;
 use mlx_backend::{Array, Dtype, LoadError};
 use std::path::{Path, PathBuf};
 use tempfile::TempDir;
@@ -583,9 +584,10 @@ fn quantize_on_load_tracks_the_float_model() {
             .to_vec::<f32>()
             .unwrap()
     };
+    let spec = |bits, group_size| Some(QuantSpec { bits, group_size });
     let reference = run(None);
-    let (_, rel4) = errors(&run(Some((64, 4))), &reference);
-    let (_, rel8) = errors(&run(Some((64, 8))), &reference);
+    let (_, rel4) = errors(&run(spec(4, 64)), &reference);
+    let (_, rel8) = errors(&run(spec(8, 64)), &reference);
     assert!(rel8 < 2e-2, "8-bit relative error {rel8}");
     // Hidden 64 makes each row a single 4-bit group: coarse on random weights.
     assert!(rel4 < 0.35, "4-bit relative error {rel4}");
@@ -599,7 +601,7 @@ fn quantize_on_load_tracks_the_float_model() {
         .to_vec::<f32>()
         .unwrap();
     assert_eq!(q4.prompts[0], prompt);
-    let (err, _) = errors(&run(Some((32, 4))), &want);
+    let (err, _) = errors(&run(spec(4, 32)), &want);
     assert!(
         err < 1e-4,
         "quantize-on-load differs from mlx-lm's quantized model by {err}"

@@ -759,7 +759,8 @@ fn info_and_metrics_report_the_model_kernels_and_counts() {
         RunnerConfig::default().kv_budget_tokens
     );
     assert!(
-        info.fused_kernels.iter().any(|k| k == "rms_norm"),
+        info.fused_kernels
+            .contains(&mlx_backend::kernels::Kernel::RmsNorm),
         "{:?}",
         info.fused_kernels
     );

@@ -159,10 +159,12 @@ impl Engine {
         Engine::start(config, move || ModelBundle::load(&path, &options, runner))
     }
 
+    /// The served model's tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.inner.tokenizer
     }
 
+    /// The served model's chat template, if it has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.inner.chat_template.as_ref()
     }
@@ -177,10 +179,12 @@ impl Engine {
         &self.inner.info
     }
 
+    /// The engine's configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }
 
+    /// The engine's metrics now.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.inner.metrics.snapshot()
     }

@@ -12,9 +12,11 @@ use std::path::Path;
 /// the engine's thread, or a [`RunnerHandle`](crate::runner::RunnerHandle)
 /// to one on a thread of its own.
 pub struct ModelBundle<R> {
+    /// The runner that executes forward batches.
     pub runner: R,
     /// Its EOS ids are [`eos_token_ids`](Self::eos_token_ids).
     pub tokenizer: Tokenizer,
+    /// The model's chat template, if it has one.
     pub chat_template: Option<ChatTemplate>,
     /// Every id that ends generation, the model's declared EOS first; the
     /// tokenizer and the runner's `info()` report the same set.

@@ -9,6 +9,7 @@ use prometheus::{
 /// A point-in-time view of the engine's metrics ([`Engine::metrics`](super::Engine::metrics)).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MetricsSnapshot {
+    /// Requests queued, not yet admitted.
     pub waiting_requests: usize,
     /// Admitted requests (prefilling or decoding).
     pub running_requests: usize,
@@ -18,12 +19,17 @@ pub struct MetricsSnapshot {
     pub kv_prefix_cache_tokens: usize,
     /// Finished requests the prefix cache keeps.
     pub prefix_cache_entries: usize,
+    /// The runner's KV capacity in tokens.
     pub kv_capacity_tokens: usize,
+    /// Prompt tokens of all admitted requests.
     pub prompt_tokens_total: u64,
+    /// Tokens generated for all requests.
     pub generation_tokens_total: u64,
     /// Prompt tokens of admitted requests, and those the prefix cache served.
     pub prefix_cache_query_tokens: u64,
+    /// Of those, the tokens the prefix cache served.
     pub prefix_cache_hit_tokens: u64,
+    /// Requests that ended, for any reason.
     pub requests_finished: u64,
 }
 

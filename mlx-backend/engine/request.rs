@@ -21,7 +21,9 @@ pub enum Prompt {
 /// One generation request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateRequest {
+    /// What to generate from.
     pub prompt: Prompt,
+    /// How to pick each token (greedy by default).
     pub sampling: SamplingParams,
     /// Most tokens to generate; None: the engine's default, capped by the
     /// context left after the prompt.
@@ -42,6 +44,7 @@ pub struct GenerateRequest {
 }
 
 impl GenerateRequest {
+    /// A greedy request with the engine's defaults for everything else.
     pub fn new(prompt: Prompt) -> Self {
         GenerateRequest {
             prompt,
@@ -56,28 +59,34 @@ impl GenerateRequest {
         }
     }
 
+    /// A request from chat messages (rendered with the chat template).
     pub fn chat(messages: Vec<ChatMessage>) -> Self {
         Self::new(Prompt::Chat(messages))
     }
 
+    /// A request from plain text (no chat template).
     pub fn text(text: impl Into<String>) -> Self {
         Self::new(Prompt::Text(text.into()))
     }
 
+    /// A request from token ids.
     pub fn tokens(ids: Vec<u32>) -> Self {
         Self::new(Prompt::Tokens(ids))
     }
 
+    /// Generates at most `n` tokens.
     pub fn with_max_tokens(mut self, n: usize) -> Self {
         self.max_tokens = Some(n);
         self
     }
 
+    /// Samples with `sampling`.
     pub fn with_sampling(mut self, sampling: SamplingParams) -> Self {
         self.sampling = sampling;
         self
     }
 
+    /// Stops at any of these texts.
     pub fn with_stop(mut self, stop: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.stop = stop.into_iter().map(Into::into).collect();
         self
@@ -113,7 +122,9 @@ impl FinishReason {
 /// A sampled token with what was asked about it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampledToken {
+    /// The token id.
     pub id: u32,
+    /// Its log-probability, when asked for.
     pub logprob: Option<f32>,
     /// Most likely first.
     pub top_logprobs: Vec<(u32, f32)>,
@@ -122,6 +133,7 @@ pub struct SampledToken {
 /// Token counts of a request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Tokens of the prompt as run (after the chat template).
     pub prompt_tokens: usize,
     /// Sampled tokens, an EOS or stop token included.
     pub completion_tokens: usize,
@@ -132,7 +144,9 @@ pub struct Usage {
 /// The end of a request.
 #[derive(Clone, Debug)]
 pub struct Finished {
+    /// Why the request ended.
     pub reason: FinishReason,
+    /// Its token counts.
     pub usage: Usage,
     /// From submission to the first sampled token.
     pub time_to_first_token: Option<Duration>,
@@ -149,8 +163,11 @@ pub enum Event {
     /// `text` may be empty: it is held back while it could still become a
     /// stop string or an incomplete character.
     Delta {
+        /// Text that may be shown now.
         text: String,
+        /// The token sampled, if any.
         token: Option<SampledToken>,
     },
+    /// The request ended; the last event.
     Finished(Finished),
 }

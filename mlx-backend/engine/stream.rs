@@ -202,7 +202,9 @@ impl EventStream {
 /// What [`EventStream::collect_all`] gathers.
 #[derive(Clone, Debug, Default)]
 pub struct Collected {
+    /// The whole generated text.
     pub text: String,
+    /// Every sampled token id.
     pub tokens: Vec<u32>,
     /// None only when the engine went away without a word (it never does).
     pub finished: Option<Finished>,

@@ -9,7 +9,7 @@
 //! memory apart from the other backends'.
 
 use super::registry::Kernel;
-use crate::device::current_spec;
+use crate::device::{current_spec, Device};
 use std::fmt;
 
 /// Where a kernel body runs.
@@ -27,6 +27,7 @@ pub enum Backend {
 pub(crate) const BACKENDS: usize = 3;
 
 impl Backend {
+    /// Every backend, in the order the registry indexes them.
     pub const ALL: [Backend; BACKENDS] = [Backend::Cpu, Backend::Cuda, Backend::Metal];
 
     /// The name used in `MLX_BACKEND_KERNELS` (`rms_norm@cuda`), logs and errors.
@@ -38,6 +39,7 @@ impl Backend {
         }
     }
 
+    /// The backend of a name as [`Backend::name`] spells it.
     pub fn from_name(name: &str) -> Option<Backend> {
         Backend::ALL.into_iter().find(|b| b.name() == name)
     }
@@ -54,10 +56,14 @@ impl Backend {
 
     /// The backend of the stream ops are being built on now.
     pub fn current() -> Backend {
-        if current_spec().device.device_type == 0 {
-            Backend::Cpu
-        } else {
-            Backend::gpu()
+        Backend::of(Device::from_spec(current_spec().device))
+    }
+
+    /// The backend whose bodies run on a stream of `device`.
+    pub fn of(device: Device) -> Backend {
+        match device {
+            Device::Cpu => Backend::Cpu,
+            Device::Gpu(_) => Backend::gpu(),
         }
     }
 

@@ -26,11 +26,17 @@ pub const ENV_VAR: &str = "MLX_BACKEND_KERNELS";
 /// A custom kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
+    /// RMSNorm, plain and with the residual add ([`rms_norm`](super::rms_norm())).
     RmsNorm,
+    /// The weighted sum of the top-k expert outputs ([`moe_combine`](super::moe_combine())).
     MoeCombine,
+    /// The quantized SwiGLU projection ([`gate_qmv_silu_mul`](super::gate_qmv_silu_mul())).
     GateQmvSiluMul,
+    /// `x·Wᵀ` on affine-quantized weights ([`quantized_matmul`](super::quantized_matmul())).
     QuantizedMatmul,
+    /// Scaled dot-product attention ([`attention`](super::attention())).
     Attention,
+    /// A whole quantized decoder block for decode rows ([`decoder_layer`](super::decoder_layer())).
     DecoderLayer,
 }
 
@@ -38,6 +44,7 @@ pub enum Kernel {
 const KERNELS: usize = 6;
 
 impl Kernel {
+    /// Every kernel, in the order the registry (and the C++ side) numbers them.
     pub const ALL: [Kernel; KERNELS] = [
         Kernel::RmsNorm,
         Kernel::MoeCombine,
@@ -59,6 +66,7 @@ impl Kernel {
         }
     }
 
+    /// The kernel of a name as [`Kernel::name`] spells it.
     pub fn from_name(name: &str) -> Option<Kernel> {
         Kernel::ALL.into_iter().find(|k| k.name() == name)
     }
@@ -112,6 +120,7 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
+    /// Every reason, in the order [`KernelStats`] counts them.
     pub const ALL: [FallbackReason; REASONS] = [
         FallbackReason::Disabled,
         FallbackReason::NoKernelForDevice,
@@ -134,19 +143,24 @@ pub struct KernelStats {
     pub fused: u64,
     /// Op builds that used the fallback, indexed like [`FallbackReason::ALL`].
     fallbacks: [u64; REASONS],
+    /// Whether the kernel is switched on.
     pub enabled: bool,
+    /// Whether the kernel failed earlier in this process.
     pub failed: bool,
-    /// GPU bodies: evaluations enqueued, and the host time spent enqueuing
-    /// their kernels (setting up arguments, adding graph nodes), in ns.
+    /// GPU bodies: evaluations enqueued.
     pub gpu_enqueues: u64,
+    /// GPU bodies: the host time spent enqueuing their kernels (setting up
+    /// arguments, adding graph nodes), in ns.
     pub gpu_enqueue_ns: u64,
 }
 
 impl KernelStats {
+    /// Op builds that fell back for `reason`.
     pub fn fallbacks(&self, reason: FallbackReason) -> u64 {
         self.fallbacks[reason.index()]
     }
 
+    /// Op builds that fell back, for any reason.
     pub fn total_fallbacks(&self) -> u64 {
         self.fallbacks.iter().sum()
     }
@@ -155,10 +169,12 @@ impl KernelStats {
 /// A snapshot of every kernel's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
+    /// Each kernel with its counters, in [`Kernel::ALL`] order.
     pub kernels: Vec<(Kernel, KernelStats)>,
 }
 
 impl Snapshot {
+    /// The counters of `kernel` (zeros when absent).
     pub fn get(&self, kernel: Kernel) -> KernelStats {
         self.kernels
             .iter()
@@ -170,8 +186,11 @@ impl Snapshot {
 /// A recorded kernel failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
+    /// The kernel that failed.
     pub kernel: Kernel,
+    /// The backend its body failed on.
     pub backend: Backend,
+    /// The body's error message.
     pub message: String,
 }
 
@@ -277,6 +296,7 @@ pub fn is_enabled(kernel: Kernel) -> bool {
     is_enabled_on(kernel, Backend::current())
 }
 
+/// Whether the kernel is switched on for `backend`.
 pub fn is_enabled_on(kernel: Kernel, backend: Backend) -> bool {
     slot(kernel, backend).enabled.load(Ordering::SeqCst)
 }
@@ -287,6 +307,7 @@ pub fn has_failed(kernel: Kernel) -> bool {
     has_failed_on(kernel, Backend::current())
 }
 
+/// Whether the kernel failed earlier in this process on `backend`.
 pub fn has_failed_on(kernel: Kernel, backend: Backend) -> bool {
     slot(kernel, backend).failed.load(Ordering::SeqCst)
 }
@@ -303,6 +324,7 @@ pub fn stats(kernel: Kernel) -> KernelStats {
     stats_on(kernel, Backend::current())
 }
 
+/// The kernel's counters on `backend`.
 pub fn stats_on(kernel: Kernel, backend: Backend) -> KernelStats {
     let s = slot(kernel, backend);
     KernelStats {
@@ -320,6 +342,7 @@ pub fn snapshot() -> Snapshot {
     snapshot_on(Backend::current())
 }
 
+/// Every kernel's counters on `backend`.
 pub fn snapshot_on(backend: Backend) -> Snapshot {
     Snapshot {
         kernels: Kernel::ALL.map(|k| (k, stats_on(k, backend))).to_vec(),
@@ -335,19 +358,17 @@ pub fn last_failure() -> Option<Failure> {
         .clone()
 }
 
-/// Test hook: the kernel's next CPU invocation fails as if its body had
-/// returned an error.
-#[doc(hidden)]
-pub fn force_failure(kernel: Kernel, fail: bool) {
+/// The kernel's next CPU invocation fails as if its body had returned an
+/// error ([`super::test_hooks::force_failure`]).
+pub(crate) fn force_failure(kernel: Kernel, fail: bool) {
     slot(kernel, Backend::Cpu)
         .force_failure
         .store(fail, Ordering::SeqCst);
 }
 
-/// Test hook: forget a recorded failure (on every backend) so the kernel is
-/// used again.
-#[doc(hidden)]
-pub fn clear_failure(kernel: Kernel) {
+/// Forgets a recorded failure on every backend, so the kernel is used
+/// again ([`super::test_hooks::clear_failure`]).
+pub(crate) fn clear_failure(kernel: Kernel) {
     for b in Backend::ALL {
         slot(kernel, b).failed.store(false, Ordering::SeqCst);
     }

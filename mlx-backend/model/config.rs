@@ -3,19 +3,26 @@
 
 use super::error::ModelLoadError;
 use crate::io::GgufFile;
+use crate::ops::QuantSpec;
 use serde_json::Value;
 
 /// The supported families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
+    /// Llama, SmolLM/SmolLM2 and Mistral.
     Llama,
+    /// Qwen2 (biased q/k/v).
     Qwen2,
+    /// Qwen3 (q/k norms).
     Qwen3,
+    /// Qwen2-MoE (with a shared expert).
     Qwen2Moe,
+    /// Qwen3-MoE.
     Qwen3Moe,
 }
 
 impl Architecture {
+    /// The architecture of an HF `model_type` (or GGUF `general.architecture`).
     pub fn from_model_type(name: &str) -> Result<Architecture, ModelLoadError> {
         Ok(match name {
             "llama" | "mistral" | "smollm" | "smollm2" => Architecture::Llama,
@@ -27,6 +34,7 @@ impl Architecture {
         })
     }
 
+    /// The family's `model_type` name.
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Llama => "llama",
@@ -47,23 +55,42 @@ impl Architecture {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        /// The divisor of positions.
+        factor: f32,
+    },
     /// Dynamic NTK (mlx-lm's `DynamicNTKScalingRoPE`): the base is
     /// recomputed on every call from `max(offset + L, max_position_embeddings)`.
-    Dynamic { factor: f32 },
-    Llama3 {
+    Dynamic {
+        /// The context extension factor.
         factor: f32,
+    },
+    /// Llama 3's frequency-band scaling.
+    Llama3 {
+        /// The overall scaling factor.
+        factor: f32,
+        /// Wavelengths above `original / low_freq_factor` are fully scaled.
         low_freq_factor: f32,
+        /// Wavelengths below `original / high_freq_factor` are kept.
         high_freq_factor: f32,
+        /// The context length the model was trained with.
         original_max_position_embeddings: f32,
     },
+    /// YaRN scaling.
     Yarn {
+        /// The context extension factor.
         factor: f32,
+        /// The context length the model was trained with.
         original_max_position_embeddings: f32,
+        /// Rotations above which a dimension is kept (extrapolated).
         beta_fast: f32,
+        /// Rotations below which a dimension is fully interpolated.
         beta_slow: f32,
+        /// The attention temperature's coefficient.
         mscale: f32,
+        /// The coefficient it is divided by (DeepSeek's form).
         mscale_all_dim: f32,
+        /// An explicit attention scale (HF); replaces the computed one.
         attention_factor: Option<f32>,
     },
 }
@@ -71,22 +98,28 @@ pub enum RopeScaling {
 /// Quantization of a checkpoint (mlx-community `quantization` block).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantConfig {
-    pub group_size: i32,
-    pub bits: i32,
-    /// Per-module overrides: `(module path, Some((group, bits)) | None = not quantized)`.
-    pub overrides: Vec<(String, Option<(i32, i32)>)>,
+    /// What every quantized module uses unless overridden.
+    pub default: QuantSpec,
+    /// Per-module overrides: `(module path, Some(spec) | None = not quantized)`.
+    pub overrides: Vec<(String, Option<QuantSpec>)>,
 }
 
 /// Mixture-of-experts settings.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
+    /// Experts per MoE layer.
     pub num_experts: usize,
+    /// Experts each token is routed to.
     pub num_experts_per_tok: usize,
+    /// Each expert's intermediate size.
     pub moe_intermediate_size: usize,
     /// Qwen2-MoE's shared expert (with its sigmoid gate); 0 when absent.
     pub shared_expert_intermediate_size: usize,
+    /// Renormalise the top-k routing weights to sum to 1.
     pub norm_topk_prob: bool,
+    /// Every this-many-th layer is sparse (Qwen2-MoE).
     pub decoder_sparse_step: usize,
+    /// Layers that keep a dense MLP.
     pub mlp_only_layers: Vec<usize>,
 }
 
@@ -100,29 +133,47 @@ impl MoeConfig {
 }
 
 #[derive(Clone, Debug, PartialEq)]
+/// A model's hyperparameters, named as in HF `config.json`.
 pub struct ModelConfig {
+    /// The model family.
     pub architecture: Architecture,
+    /// The residual stream's width.
     pub hidden_size: usize,
+    /// Decoder blocks.
     pub num_hidden_layers: usize,
+    /// Query heads.
     pub num_attention_heads: usize,
+    /// Key/value heads (fewer than query heads: GQA).
     pub num_key_value_heads: usize,
+    /// Features per head.
     pub head_dim: usize,
+    /// The dense MLP's intermediate size.
     pub intermediate_size: usize,
+    /// Tokens in the vocabulary.
     pub vocab_size: usize,
+    /// The RMSNorms' epsilon.
     pub rms_norm_eps: f32,
+    /// RoPE's base frequency.
     pub rope_theta: f32,
     /// Interleaved-pair RoPE (llama.cpp's GGUF q/k layout).
     pub rope_traditional: bool,
+    /// RoPE frequency scaling, when configured.
     pub rope_scaling: Option<RopeScaling>,
+    /// The longest context the model was trained for.
     pub max_position_embeddings: usize,
+    /// The output head reuses the embedding matrix.
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry a bias (Qwen2).
     pub attention_bias: bool,
     /// Per-head RMSNorm of q and k (Qwen3).
     pub qk_norm: bool,
+    /// Mixture-of-experts settings (MoE families).
     pub moe: Option<MoeConfig>,
+    /// The checkpoint's quantization (mlx-community folders).
     pub quantization: Option<QuantConfig>,
+    /// The beginning-of-sequence token, when known.
     pub bos_token_id: Option<u32>,
+    /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -434,15 +485,20 @@ fn parse_quantization(j: &Json<'_>) -> Result<Option<QuantConfig>, ModelLoadErro
                         .get("bits")
                         .and_then(|x| x.as_i64())
                         .unwrap_or(bits as i64) as i32;
-                    overrides.push((k.clone(), Some((g, b))));
+                    overrides.push((
+                        k.clone(),
+                        Some(QuantSpec {
+                            bits: b,
+                            group_size: g,
+                        }),
+                    ));
                 }
                 _ => {}
             }
         }
     }
     Ok(Some(QuantConfig {
-        group_size,
-        bits,
+        default: QuantSpec { bits, group_size },
         overrides,
     }))
 }

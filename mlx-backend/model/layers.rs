@@ -581,10 +581,10 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    /// `(group_size, bits)` of the gate projection when it is quantized.
-    pub fn quantization(&self) -> Option<(i32, i32)> {
+    /// The gate projection's quantization, when it is quantized.
+    pub fn quantization(&self) -> Option<crate::ops::QuantSpec> {
         match &self.gate_proj {
-            Linear::Quantized { q, .. } => Some((q.group_size, q.bits)),
+            Linear::Quantized { q, .. } => Some(q.spec()),
             Linear::Dense { .. } => None,
         }
     }

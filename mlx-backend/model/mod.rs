@@ -25,6 +25,7 @@ pub use transformer::{Logits, Transformer};
 
 use crate::io::{GgufFile, SafetensorsFile};
 use crate::kernels::ActivationPrecision;
+use crate::ops::QuantSpec;
 use crate::{Array, Dtype};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,8 +41,8 @@ pub struct LoadOptions {
     /// that a GGUF file runs in f32 (its norms are f32, which widens the
     /// graph's activations to f32 anyway).
     pub dtype: Option<Dtype>,
-    /// Quantize an unquantized checkpoint on load: `(group_size, bits)`.
-    pub quantize: Option<(i32, i32)>,
+    /// Quantize an unquantized checkpoint on load with these parameters.
+    pub quantize: Option<QuantSpec>,
     /// Activation precision of the quantized layers' CPU kernels
     /// (`quantized_matmul`, `gate_qmv_silu_mul`); no effect where they fall
     /// back to MLX's graph (GPU streams, ineligible inputs).
@@ -76,14 +77,19 @@ impl LoadOptions {
 /// Where a model came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelFormat {
+    /// A single GGUF file.
     Gguf,
+    /// An HF or mlx-community folder (`config.json` and safetensors).
     HfFolder,
 }
 
 /// A loaded model and its origin.
 pub struct LoadedModel {
+    /// The model.
     pub model: Transformer,
+    /// The format it was loaded from.
     pub format: ModelFormat,
+    /// The file or folder it was loaded from.
     pub path: PathBuf,
 }
 
@@ -136,16 +142,15 @@ fn build(
         weights.cast_floats(dtype)?;
     }
     let mut config = config;
-    if let Some((group_size, bits)) = options.quantize {
+    if let Some(spec) = options.quantize {
         if config.quantization.is_none() && !from_gguf {
             // Norms and the MoE router stay dense, as mlx-lm's quantize does for
             // layers whose input size the group does not divide.
-            weights.quantize_linears(group_size, bits, |name| {
+            weights.quantize_linears(spec, |name| {
                 name.contains("norm") || name.ends_with("mlp.gate.weight")
             })?;
             config.quantization = Some(QuantConfig {
-                group_size,
-                bits,
+                default: spec,
                 overrides: Vec::new(),
             });
         }

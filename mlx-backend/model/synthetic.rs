@@ -27,6 +27,7 @@ pub enum SyntheticShape {
 }
 
 impl SyntheticShape {
+    /// Every shape.
     pub const ALL: [SyntheticShape; 4] = [
         SyntheticShape::Smollm2_135m,
         SyntheticShape::Qwen3_0_6b,
@@ -110,9 +111,14 @@ impl FromStr for SyntheticShape {
 /// How a synthetic checkpoint stores its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyntheticWeights {
-    /// Linear layers and embeddings affine-quantized with `(group_size,
-    /// bits)`, scales and the rest bf16 (mlx-lm's `convert -q` layout).
-    Quantized { group_size: i32, bits: i32 },
+    /// Linear layers and embeddings affine-quantized, scales and the rest
+    /// bf16 (mlx-lm's `convert -q` layout).
+    Quantized {
+        /// Elements per quantization group.
+        group_size: i32,
+        /// Bits per quantized element.
+        bits: i32,
+    },
     /// Everything bf16.
     Bf16,
 }

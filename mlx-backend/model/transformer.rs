@@ -96,6 +96,7 @@ pub enum Logits {
 
 /// A decoder-only transformer in mlx-lm's layout.
 pub struct Transformer {
+    /// The hyperparameters.
     pub config: ModelConfig,
     embed_tokens: Embedding,
     layers: Vec<Block>,
@@ -158,6 +159,7 @@ impl Transformer {
         })
     }
 
+    /// Decoder blocks (one KV cache each).
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
@@ -350,7 +352,7 @@ impl Transformer {
             hidden_size: c.hidden_size as i32,
             intermediate_size: c.intermediate_size as i32,
             dtype: self.dtype(),
-            quant: quant.map(|(group_size, bits)| crate::kernels::QuantSpec { bits, group_size }),
+            quant,
             moe: c.moe.as_ref().map(|m| crate::kernels::MoeDims {
                 num_experts: m.num_experts as i32,
                 top_k: m.num_experts_per_tok as i32,

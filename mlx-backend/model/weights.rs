@@ -4,7 +4,7 @@
 use super::config::QuantConfig;
 use super::error::ModelLoadError;
 use crate::kernels::ActivationPrecision;
-use crate::ops::Quantized;
+use crate::ops::{QuantSpec, Quantized};
 use crate::Array;
 use std::collections::BTreeMap;
 
@@ -106,11 +106,14 @@ impl Weights {
                 &format!("packed width {packed} fits no bit width for {in_features} inputs"),
             ));
         }
-        if let Some((g, b)) = self.configured(prefix) {
-            if (g, b) != (group_size, bits) {
+        if let Some(c) = self.configured(prefix) {
+            if c != (QuantSpec { bits, group_size }) {
                 return Err(bad(
                     &weight_name,
-                    &format!("config says group {g} / {b} bits, shapes say group {group_size} / {bits} bits"),
+                    &format!(
+                        "config says group {} / {} bits, shapes say group {group_size} / {bits} bits",
+                        c.group_size, c.bits
+                    ),
                 ));
             }
         } else if !self.infer_quantization {
@@ -128,14 +131,14 @@ impl Weights {
         }))
     }
 
-    fn configured(&self, prefix: &str) -> Option<(i32, i32)> {
+    fn configured(&self, prefix: &str) -> Option<QuantSpec> {
         let q = self.quantization.as_ref()?;
         for (path, o) in &q.overrides {
             if path == prefix {
                 return *o;
             }
         }
-        Some((q.group_size, q.bits))
+        Some(q.default)
     }
 
     /// Cast every floating tensor (norms, dense weights) to `dtype`, except
@@ -175,11 +178,10 @@ impl Weights {
     }
 
     /// Quantize every dense 2-D+ `*.weight` of a linear layer (not norms or
-    /// embeddings when `skip` says so) in place, with `group_size` / `bits`.
+    /// embeddings when `skip` says so) in place, with `spec`.
     pub fn quantize_linears(
         &mut self,
-        group_size: i32,
-        bits: i32,
+        spec: QuantSpec,
         skip: impl Fn(&str) -> bool,
     ) -> Result<(), ModelLoadError> {
         let names: Vec<String> = self
@@ -192,14 +194,13 @@ impl Weights {
             .collect();
         for name in names {
             let prefix = name.trim_end_matches(".weight").to_string();
-            let q = crate::ops::quantize(&self.tensors[&name], group_size, bits)?;
+            let q = crate::ops::quantize(&self.tensors[&name], spec.group_size, spec.bits)?;
             self.tensors.insert(name, q.weight);
             self.tensors.insert(format!("{prefix}.scales"), q.scales);
             self.tensors.insert(format!("{prefix}.biases"), q.biases);
         }
         self.quantization = Some(QuantConfig {
-            group_size,
-            bits,
+            default: spec,
             overrides: Vec::new(),
         });
         Ok(())

@@ -81,10 +81,42 @@ macro_rules! binary_methods {
 }
 
 unary_methods! {
-    abs => Abs, neg => Neg, exp => Exp, log => Log, sqrt => Sqrt, rsqrt => Rsqrt,
-    sin => Sin, cos => Cos, tanh => Tanh, sigmoid => Sigmoid, square => Square,
-    floor => Floor, ceil => Ceil, erf => Erf, logical_not => LogicalNot,
-    reciprocal => Reciprocal, log1p => Log1p, sign => Sign,
+    /// `|x|`.
+    abs => Abs,
+    /// `-x`.
+    neg => Neg,
+    /// `e^x`.
+    exp => Exp,
+    /// The natural logarithm.
+    log => Log,
+    /// The square root.
+    sqrt => Sqrt,
+    /// `1 / sqrt(x)`.
+    rsqrt => Rsqrt,
+    /// The sine (radians).
+    sin => Sin,
+    /// The cosine (radians).
+    cos => Cos,
+    /// The hyperbolic tangent.
+    tanh => Tanh,
+    /// `1 / (1 + e^-x)`.
+    sigmoid => Sigmoid,
+    /// `x * x`.
+    square => Square,
+    /// Round down to an integer value.
+    floor => Floor,
+    /// Round up to an integer value.
+    ceil => Ceil,
+    /// The Gauss error function.
+    erf => Erf,
+    /// Boolean not.
+    logical_not => LogicalNot,
+    /// `1 / x`.
+    reciprocal => Reciprocal,
+    /// `ln(1 + x)`, accurate near 0.
+    log1p => Log1p,
+    /// -1, 0 or 1 by the sign of x.
+    sign => Sign,
     /// `x * sigmoid(x)`, as `mlx.nn.silu`.
     silu => Silu,
     /// `x * (1 + erf(x / sqrt(2))) / 2`, as `mlx.nn.gelu`.
@@ -95,12 +127,42 @@ unary_methods! {
     round => Round,
 }
 
+// Binary ops broadcast their operands and promote their dtypes as MLX does.
 binary_methods! {
-    add => Add, sub => Sub, mul => Mul, div => Div, pow => Pow,
-    maximum => Maximum, minimum => Minimum,
-    eq => Eq, ne => Ne, lt => Lt, le => Le, gt => Gt, ge => Ge,
-    logical_and => LogicalAnd, logical_or => LogicalOr,
-    remainder => Remainder, floor_divide => FloorDivide,
+    /// `self + other`.
+    add => Add,
+    /// `self - other`.
+    sub => Sub,
+    /// `self * other`.
+    mul => Mul,
+    /// `self / other` (true division).
+    div => Div,
+    /// `self` to the power `other`.
+    pow => Pow,
+    /// The larger of the two, elementwise.
+    maximum => Maximum,
+    /// The smaller of the two, elementwise.
+    minimum => Minimum,
+    /// `self == other` (bool).
+    eq => Eq,
+    /// `self != other` (bool).
+    ne => Ne,
+    /// `self < other` (bool).
+    lt => Lt,
+    /// `self <= other` (bool).
+    le => Le,
+    /// `self > other` (bool).
+    gt => Gt,
+    /// `self >= other` (bool).
+    ge => Ge,
+    /// Boolean and.
+    logical_and => LogicalAnd,
+    /// Boolean or.
+    logical_or => LogicalOr,
+    /// The remainder of `self / other`, with the sign of `other` (as Python's `%`).
+    remainder => Remainder,
+    /// `floor(self / other)`.
+    floor_divide => FloorDivide,
 }
 
 impl Array {

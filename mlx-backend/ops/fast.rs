@@ -8,6 +8,7 @@ use crate::ffi;
 /// The position of a sequence's first token for RoPE.
 #[derive(Clone, Copy, Debug)]
 pub enum RopeOffset<'a> {
+    /// A position shared by every batch entry.
     Static(i32),
     /// A scalar int32 array (or one per batch entry), kept on the device.
     Dynamic(&'a Array),
@@ -16,6 +17,7 @@ pub enum RopeOffset<'a> {
 /// Which attention mask to apply.
 #[derive(Clone, Copy, Debug)]
 pub enum AttentionMask<'a> {
+    /// No mask: every query sees every key.
     None,
     /// Lower-triangular, aligned to the end of the keys.
     Causal,
@@ -32,6 +34,7 @@ impl Array {
         })
     }
 
+    /// MLX's `fast::layer_norm` over the last axis, with optional weight and bias.
     pub fn layer_norm(
         &self,
         weight: Option<&Array>,

@@ -14,6 +14,7 @@ impl Array {
         )
     }
 
+    /// Elements picked along `axis` by `indices`, which has this array's rank.
     pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array, OpError> {
         wrap(
             "take_along_axis",
@@ -49,6 +50,7 @@ pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array, OpError> {
     )
 }
 
+/// Joins arrays along an existing `axis`.
 pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array, OpError> {
     wrap(
         "concatenate",
@@ -56,6 +58,7 @@ pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array, OpError> {
     )
 }
 
+/// Stacks same-shaped arrays along a new `axis`.
 pub fn stack(arrays: &[&Array], axis: i32) -> Result<Array, OpError> {
     wrap("stack", ffi::stack(&list(arrays), axis, stream()))
 }

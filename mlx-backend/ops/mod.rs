@@ -1,4 +1,4 @@
-//! Ops over [`Array`](crate::Array), as methods and free functions. Every op
+//! Ops over [`Array`], as methods and free functions. Every op
 //! is built on the current stream ([`crate::Stream::scope`]) and returns
 //! `Result<Array, OpError>`: MLX validates shapes, axes and dtypes while the
 //! graph is built, and a bad call leaves the graph untouched.
@@ -14,7 +14,7 @@ mod shape;
 
 pub use fast::{scaled_dot_product_attention, AttentionMask, RopeOffset};
 pub use indexing::{concatenate, split, stack, where_};
-pub use quantized::{quantize, Quantized};
+pub use quantized::{quantize, QuantSpec, Quantized};
 
 use crate::array::Array;
 use crate::device::current_spec;

@@ -7,6 +7,17 @@ use crate::array::{unlist, Array};
 use crate::error::OpError;
 use crate::ffi;
 
+/// The parameters of MLX's affine quantization: `bits` per element (2, 3,
+/// 4, 5, 6 or 8) and `group_size` consecutive elements along the last axis
+/// sharing one scale and one bias (32, 64 or 128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantSpec {
+    /// Bits per quantized element.
+    pub bits: i32,
+    /// Elements per group (one scale and one bias each).
+    pub group_size: i32,
+}
+
 /// A quantized matrix (or a stack of them, e.g. MoE experts `[E, N, K]`).
 #[derive(Clone, Debug)]
 pub struct Quantized {
@@ -17,8 +28,20 @@ pub struct Quantized {
     pub scales: Array,
     /// `[..., N, K / group_size]`, in the scales' dtype.
     pub biases: Array,
+    /// Elements per group.
     pub group_size: i32,
+    /// Bits per element.
     pub bits: i32,
+}
+
+impl Quantized {
+    /// The quantization parameters the matrix was packed with.
+    pub fn spec(&self) -> QuantSpec {
+        QuantSpec {
+            bits: self.bits,
+            group_size: self.group_size,
+        }
+    }
 }
 
 /// Quantize `w` along its last axis.

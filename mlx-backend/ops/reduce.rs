@@ -19,9 +19,13 @@ enum Reduce {
 }
 
 macro_rules! reduce_methods {
-    ($($name:ident => $code:ident),* $(,)?) => {
+    ($($(#[$doc:meta])* $name:ident => $code:ident),* $(,)?) => {
         impl Array {
-            $(pub fn $name(&self, axes: &[i32], keepdims: bool) -> Result<Array, OpError> {
+            $($(#[$doc])*
+            ///
+            /// Reduces over `axes` (every axis when empty; negative ones count
+            /// from the end); `keepdims` keeps them as axes of size 1.
+            pub fn $name(&self, axes: &[i32], keepdims: bool) -> Result<Array, OpError> {
                 wrap(
                     stringify!($name),
                     ffi::reduce(Reduce::$code as i32, self.inner(), axes, keepdims, stream()),
@@ -32,8 +36,22 @@ macro_rules! reduce_methods {
 }
 
 reduce_methods! {
-    sum => Sum, mean => Mean, max => Max, min => Min, prod => Prod,
-    logsumexp => LogSumExp, all => All, any => Any,
+    /// The sum.
+    sum => Sum,
+    /// The arithmetic mean.
+    mean => Mean,
+    /// The largest element.
+    max => Max,
+    /// The smallest element.
+    min => Min,
+    /// The product.
+    prod => Prod,
+    /// `log(sum(exp(x)))`, computed stably.
+    logsumexp => LogSumExp,
+    /// Whether every element is true (nonzero).
+    all => All,
+    /// Whether any element is true (nonzero).
+    any => Any,
 }
 
 impl Array {
@@ -66,14 +84,18 @@ impl Array {
         wrap("topk", ffi::topk(self.inner(), k, axis, stream()))
     }
 
+    /// Sorted ascending along `axis`.
     pub fn sort(&self, axis: i32) -> Result<Array, OpError> {
         wrap("sort", ffi::sort(self.inner(), axis, false, stream()))
     }
 
+    /// Indices that sort along `axis` ascending (uint32).
     pub fn argsort(&self, axis: i32) -> Result<Array, OpError> {
         wrap("argsort", ffi::sort(self.inner(), axis, true, stream()))
     }
 
+    /// Running sum along `axis`; `reverse` sums from the end, `inclusive`
+    /// counts each element in its own sum.
     pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array, OpError> {
         wrap(
             "cumsum",

@@ -6,6 +6,7 @@ use crate::error::OpError;
 use crate::ffi;
 
 impl Array {
+    /// The same elements in `shape` (one entry may be -1: inferred).
     pub fn reshape(&self, shape: &[i32]) -> Result<Array, OpError> {
         wrap("reshape", ffi::reshape(self.inner(), shape, stream()))
     }
@@ -31,6 +32,7 @@ impl Array {
         wrap("squeeze", ffi::squeeze(self.inner(), axes, stream()))
     }
 
+    /// Inserts axes of size 1 at `axes`.
     pub fn expand_dims(&self, axes: &[i32]) -> Result<Array, OpError> {
         wrap(
             "expand_dims",
@@ -38,6 +40,7 @@ impl Array {
         )
     }
 
+    /// Repeats size-1 (or missing leading) axes to `shape`, without copying.
     pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array, OpError> {
         wrap(
             "broadcast_to",

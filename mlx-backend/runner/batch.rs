@@ -60,6 +60,7 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Always the most likely token (the defaults).
     pub fn greedy() -> Self {
         Self::default()
     }
@@ -85,12 +86,15 @@ pub struct ReturnOptions {
 /// One request's part of a batch.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestInput {
+    /// The request.
     pub id: RequestId,
     /// A prompt chunk (Extend) or the single decode token.
     pub tokens: Vec<u32>,
     /// How many of the request's tokens the runner already holds (checked).
     pub cached_tokens: usize,
+    /// How to pick its next token.
     pub sampling: SamplingParams,
+    /// What to return besides the token.
     pub returns: ReturnOptions,
     /// For prompt chunks: whether this is the last one (only it samples).
     pub last_chunk: bool,
@@ -144,6 +148,7 @@ impl RequestInput {
         }
     }
 
+    /// Asks for `returns` with the token.
     pub fn with_returns(mut self, returns: ReturnOptions) -> Self {
         self.returns = returns;
         self
@@ -153,15 +158,19 @@ impl RequestInput {
 /// A batch for one forward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForwardBatch {
+    /// What kind of pass this is.
     pub mode: ForwardMode,
+    /// Each request's part, in output order.
     pub requests: Vec<RequestInput>,
 }
 
 impl ForwardBatch {
+    /// A batch of `requests` in `mode`.
     pub fn new(mode: ForwardMode, requests: Vec<RequestInput>) -> Self {
         ForwardBatch { mode, requests }
     }
 
+    /// An empty batch (nothing runs).
     pub fn idle() -> Self {
         ForwardBatch {
             mode: ForwardMode::Idle,
@@ -173,18 +182,22 @@ impl ForwardBatch {
 /// One request's result, in batch order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestOutput {
+    /// The request.
     pub id: RequestId,
     /// The sampled token; None for a prompt chunk that is not the last.
     pub next_token: Option<u32>,
+    /// The sampled token's log-probability, when asked for.
     pub logprob: Option<f32>,
     /// Most likely tokens first.
     pub top_logprobs: Vec<(u32, f32)>,
+    /// The last position's float32 logits, when asked for.
     pub logits: Option<Vec<f32>>,
 }
 
 /// The result of one forward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForwardOutput {
+    /// One per request of the batch, in batch order.
     pub outputs: Vec<RequestOutput>,
     /// Building and evaluating the model graph.
     pub forward_time: Duration,

@@ -63,6 +63,11 @@ enum Command {
 }
 
 #[derive(Clone)]
+/// A `Send + Sync + Clone` handle to a runner on a thread of its own.
+///
+/// MLX streams belong to the thread that made them, so the runner lives on
+/// one thread and every call is a message to it. Dropping the last handle
+/// stops the thread and joins it.
 pub struct RunnerHandle {
     // Declared before `_thread`: the last handle closes its sender first, so
     // the runner thread's loop ends before `RunnerThread::drop` joins it.
@@ -180,14 +185,17 @@ impl RunnerHandle {
         ForwardFuture { shared }
     }
 
+    /// Frees the KV state of `ids` (unknown ids are ignored).
     pub fn release(&self, ids: &[RequestId]) {
         let _ = self.commands.send(Command::Release(ids.to_vec()));
     }
 
+    /// What the runner serves.
     pub fn info(&self) -> Result<RunnerInfo, RunnerError> {
         self.call(Command::Info)
     }
 
+    /// The runner's counters now.
     pub fn metrics(&self) -> Result<RunnerMetrics, RunnerError> {
         self.call(Command::Metrics)
     }

@@ -47,6 +47,8 @@ impl Default for RunnerConfig {
     }
 }
 
+/// The runner over one [`Transformer`]: a KV cache per request within a
+/// token budget, chunked prefill, ragged decode batches, and sampling.
 pub struct MlxModelRunner {
     model: Transformer,
     kv: KvStore,
@@ -77,6 +79,7 @@ impl Planned<'_> {
 }
 
 impl MlxModelRunner {
+    /// Wraps a loaded model (no kernel warmup: see [`MlxModelRunner::load`]).
     pub fn new(model: Transformer, config: RunnerConfig) -> MlxModelRunner {
         let model_max = model.config.max_context().max(1);
         let max_context = config.max_context.map_or(model_max, |m| m.min(model_max));
@@ -108,6 +111,7 @@ impl MlxModelRunner {
         Ok(runner)
     }
 
+    /// The model it runs.
     pub fn model(&self) -> &Transformer {
         &self.model
     }
@@ -430,15 +434,14 @@ impl MlxModelRunner {
     }
 }
 
-/// Kernels whose body runs on this thread's backend (the table of bodies,
-/// the switches and the failures; a call's own inputs can still fall back).
-fn fused_kernels() -> Vec<String> {
+/// Kernels whose body runs on `device`'s backend (the table of bodies, the
+/// switches and the failures; a call's own inputs can still fall back).
+fn fused_kernels(device: crate::Device) -> Vec<crate::kernels::Kernel> {
     use crate::kernels::{registry, Backend, Kernel};
-    let backend = Backend::current();
+    let backend = Backend::of(device);
     Kernel::ALL
         .into_iter()
         .filter(|&k| registry::is_fused_on(k, backend))
-        .map(|k| k.name().to_string())
         .collect()
 }
 
@@ -478,6 +481,7 @@ fn read_u32(a: &Array) -> Result<u32, RunnerError> {
 impl ModelRunner for MlxModelRunner {
     fn info(&self) -> RunnerInfo {
         let c = &self.model.config;
+        let device = crate::Stream::current().device();
         RunnerInfo {
             architecture: c.architecture.name().to_string(),
             vocab_size: c.vocab_size,
@@ -485,8 +489,8 @@ impl ModelRunner for MlxModelRunner {
             max_context: self.max_context,
             kv_capacity_tokens: self.kv.budget_tokens,
             dtype: self.model.dtype(),
-            device: crate::Stream::current().device(),
-            fused_kernels: fused_kernels(),
+            device,
+            fused_kernels: fused_kernels(device),
         }
     }
 

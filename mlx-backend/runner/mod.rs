@@ -20,31 +20,42 @@ pub use handle::{ForwardFuture, RunnerHandle};
 pub use metrics::RunnerMetrics;
 pub use mlx_runner::{MlxModelRunner, RunnerConfig};
 
+use crate::kernels::Kernel;
 use crate::{Device, Dtype};
 
 /// What the runner serves, for the engine's scheduler.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunnerInfo {
+    /// The model family, e.g. `"llama"`.
     pub architecture: String,
+    /// Tokens in the vocabulary.
     pub vocab_size: usize,
+    /// Tokens that end generation.
     pub eos_token_ids: Vec<u32>,
     /// The longest context one request may reach.
     pub max_context: usize,
     /// KV cache capacity in tokens across all requests.
     pub kv_capacity_tokens: usize,
+    /// The activations' dtype.
     pub dtype: Dtype,
+    /// The device it runs on.
     pub device: Device,
-    /// Kernels that run fused (the rest fall back to MLX's built-in graphs).
-    pub fused_kernels: Vec<String>,
+    /// Kernels whose fused body serves this runner on `device`'s backend:
+    /// it has one there, it is switched on and it has not failed. The rest
+    /// run MLX's built-in graphs, as does any call whose own inputs a body
+    /// does not cover.
+    pub fused_kernels: Vec<Kernel>,
 }
 
 /// The per-forward-batch contract.
 pub trait ModelRunner {
+    /// What the runner serves.
     fn info(&self) -> RunnerInfo;
     /// Run one batch. A rejected batch changes no request's state.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<ForwardOutput, RunnerError>;
     /// Free the KV state of finished or cancelled requests (unknown ids are ignored).
     fn release(&mut self, ids: &[RequestId]);
+    /// The runner's counters now.
     fn metrics(&self) -> RunnerMetrics;
     /// Start request `to` from the first `tokens` tokens request `from`
     /// holds (running, or finished but not released), as if `to` had

@@ -10,9 +10,13 @@ use std::collections::BTreeMap;
 
 /// The device-side result of sampling one row, read back after one eval.
 pub struct Sampled {
+    /// The sampled token id (uint32).
     pub token: Array,
+    /// Its log-probability, when asked for.
     pub logprob: Option<Array>,
+    /// The most likely token ids and their log-probabilities, when asked for.
     pub top: Option<(Array, Array)>,
+    /// The row's float32 logits, when asked for.
     pub logits: Option<Array>,
 }
 

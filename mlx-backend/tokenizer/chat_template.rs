@@ -19,11 +19,14 @@ const RAISED: &str = "raise_exception: ";
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or another role the template knows.
     pub role: String,
+    /// The message text.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A message of any role.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.into(),
@@ -31,14 +34,17 @@ impl ChatMessage {
         }
     }
 
+    /// A system message.
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
     }
 
+    /// A user message.
     pub fn user(content: impl Into<String>) -> Self {
         Self::new("user", content)
     }
 
+    /// An assistant message.
     pub fn assistant(content: impl Into<String>) -> Self {
         Self::new("assistant", content)
     }
@@ -228,14 +234,17 @@ impl ChatTemplate {
         Self::new(source, bos, eos)
     }
 
+    /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
     }
 
+    /// The text the template sees as `bos_token`.
     pub fn bos_token(&self) -> &str {
         &self.bos_token
     }
 
+    /// The text the template sees as `eos_token`.
     pub fn eos_token(&self) -> &str {
         &self.eos_token
     }

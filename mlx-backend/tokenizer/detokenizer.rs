@@ -26,6 +26,7 @@ pub struct IncrementalDetokenizer {
 }
 
 impl IncrementalDetokenizer {
+    /// A decoder over `tokenizer`; `skip_special` leaves special tokens out.
     pub fn new(tokenizer: Tokenizer, skip_special: bool) -> Self {
         IncrementalDetokenizer {
             tokenizer,

@@ -232,6 +232,7 @@ impl Tokenizer {
         IncrementalDetokenizer::new(self.clone(), skip_special)
     }
 
+    /// The id of a vocabulary entry.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.tk.token_to_id(token)
     }
@@ -246,6 +247,7 @@ impl Tokenizer {
         self.inner.tk.get_vocab_size(true)
     }
 
+    /// The BOS id, if the tokenizer has one.
     pub fn bos_id(&self) -> Option<u32> {
         self.inner.bos_id
     }
@@ -282,14 +284,17 @@ impl Tokenizer {
         }
     }
 
+    /// Whether `id` ends generation ([`eos_ids`](Self::eos_ids)).
     pub fn is_eos(&self, id: u32) -> bool {
         self.inner.eos_ids.contains(&id)
     }
 
+    /// The padding id, if declared.
     pub fn pad_id(&self) -> Option<u32> {
         self.inner.pad_id
     }
 
+    /// The unknown-token id, if declared.
     pub fn unk_id(&self) -> Option<u32> {
         self.inner.unk_id
     }
@@ -313,6 +318,7 @@ impl Tokenizer {
         &self.inner.special_ids
     }
 
+    /// Whether `id` is a special (control) token.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner.special_ids.binary_search(&id).is_ok()
     }

@@ -50,10 +50,13 @@ const MAX_NODE_CACHES: usize = 64;
 /// Rotary embedding parameters, as `Array::rope` takes them.
 #[derive(Clone, Copy)]
 pub struct RopeSpec<'a> {
+    /// Leading features of each head that are rotated.
     pub dims: i32,
+    /// Interleaved pairs (llama.cpp's GGUF layout) rather than halves.
     pub traditional: bool,
     /// Ignored when `freqs` is given.
     pub base: f32,
+    /// Position scale (1 / the linear RoPE factor).
     pub scale: f32,
     /// Multiplies the rotated features first (YaRN); 1 otherwise.
     pub mscale: f32,
@@ -63,17 +66,27 @@ pub struct RopeSpec<'a> {
 
 /// One block's weights and geometry.
 pub struct DecoderLayer<'a> {
+    /// The attention RMSNorm weight.
     pub input_norm: &'a Array,
+    /// The MLP RMSNorm weight.
     pub post_norm: &'a Array,
+    /// Both norms' epsilon.
     pub eps: f32,
     /// q, k, v, o, gate, up, down.
     pub projections: [&'a Quantized; 7],
+    /// Biases of q, k and v (Qwen2).
     pub qkv_bias: Option<[&'a Array; 3]>,
+    /// Per-head RMSNorm weights of q and k (Qwen3).
     pub qk_norm: Option<[&'a Array; 2]>,
+    /// Query heads.
     pub n_heads: i32,
+    /// Key/value heads (GQA: divides `n_heads`).
     pub n_kv_heads: i32,
+    /// Features per head.
     pub head_dim: i32,
+    /// The attention scores' scale, usually `1 / sqrt(head_dim)`.
     pub attn_scale: f32,
+    /// The rotary embedding of q and k.
     pub rope: RopeSpec<'a>,
     /// How the kernel's projections treat their input (see
     /// [`ActivationPrecision`]); no effect on the fallback graph.

@@ -75,9 +75,8 @@ pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, O
     Ok(vec![moe_combine(&y, &scores)?])
 }
 
-/// Test support: the vjp of the op (fused or fallback) w.r.t. `[y, scores]`.
-#[doc(hidden)]
-pub fn vjp(
+/// The vjp of the op (fused or fallback) with respect to `[y, scores]`.
+pub(crate) fn vjp(
     y: &Array,
     scores: &Array,
     cotangent: &Array,

@@ -105,11 +105,10 @@ pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, O
     Ok(vec![rms_norm(&x, &w, 1e-5)?, normed, sum])
 }
 
-/// Test support: the vjp of the op (fused Primitive or fallback graph) with
-/// respect to every primal: `[x, w]`, or `[x, residual, w]` when `residual`
-/// is given (then `cotangents` holds one per output).
-#[doc(hidden)]
-pub fn vjp(
+/// The vjp of the op (fused Primitive or fallback graph) with respect to
+/// every primal: `[x, w]`, or `[x, residual, w]` for the residual form
+/// (then `cotangents` holds one per output).
+pub(crate) fn vjp(
     primals: &[&Array],
     cotangents: &[&Array],
     eps: f32,
