@@ -205,10 +205,9 @@ const array* optional_ptr(const std::optional<array>& a) {
 // node's arrays (the input copied in, the output copied out, the row table
 // rewritten).
 struct StepGraph {
-  // The stack's parts it was built from: a replay needs them alive.
+  // The blocks it was built from (the embedding and head die with their
+  // stack): a replay needs them alive.
   std::vector<std::weak_ptr<const PreparedLayer>> layers;
-  std::weak_ptr<const PreparedEmbedding> embedding;
-  std::weak_ptr<const PreparedHead> head;
   std::vector<array> buffers;
   // Indices into `buffers`.
   size_t input = 0, output = 0, table = 0;
@@ -377,8 +376,6 @@ class DecoderStackCuda : public GpuBody {
     for (const auto& l : layers_) {
       g->layers.push_back(l);
     }
-    g->embedding = embedding_;
-    g->head = head_;
     g->chain = std::make_unique<KernelChain>(s);
     StepLauncher step(s, t, *g->chain, g->buffers);
     const int rows = batch_;
