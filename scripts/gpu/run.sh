@@ -12,6 +12,8 @@
 # peer      the default model through mlx-lm on the GPU (benches/peers/bench_peers.py,
 #           the workloads of bench), right after ours: run it in the call
 #           that runs bench, for a side-by-side ratio
+# mlx-checks MLX's own CUDA ops against its CPU ops (scripts/gpu/mlx_checks.py):
+#           which built-ins a GPU test may take as its reference
 # synthetic for each published shape in GPU_SYNTHETIC (default: qwen3-0.6b
 #           qwen1.5-moe-a2.7b), bench_one_batch --synthetic on ours, then
 #           mlx-lm on the same folder
@@ -126,7 +128,7 @@ if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
   "$APP/examples/bench_one_batch" --no-peers --prefill 32,512 --decode-batch 1,8,32 --decode-steps 32 >>"$REPORT" 2>&1 || status=1
   echo '```' >>"$REPORT"
 fi
-if [[ "$WHAT" == peer || "$WHAT" == synthetic ]]; then
+if [[ "$WHAT" == peer || "$WHAT" == synthetic || "$WHAT" == mlx-checks ]]; then
   # MLX's Python package: the CUDA layout's mlx/ (libmlx and its kernels)
   # with the cp312 bindings unpacked over it, and mlx-lm beside it.
   PY=/tmp/mlx-backend-gpu/python
@@ -138,6 +140,11 @@ if [[ "$WHAT" == peer || "$WHAT" == synthetic ]]; then
     cp -r "$(dirname "$(dirname "$LIB")")/mlx_cuda_13.libs" "$PY/"
     for w in "$APP"/peer/*.whl; do python3 -m zipfile -e "$w" "$PY/"; done
   fi
+fi
+if [[ "$WHAT" == mlx-checks ]]; then
+  echo >>"$REPORT"
+  echo "## MLX's CUDA ops against its CPU ops (scripts/gpu/mlx_checks.py)" >>"$REPORT"
+  PYTHONPATH="$PY" python3 scripts/gpu/mlx_checks.py >>"$REPORT" 2>&1 || status=1
 fi
 if [[ "$WHAT" == synthetic ]]; then
   for shape in ${GPU_SYNTHETIC:-qwen3-0.6b qwen1.5-moe-a2.7b}; do

@@ -59,20 +59,24 @@ fn eligibility(
         return Err(FallbackReason::UnsupportedDtype);
     }
     let (qs, ks) = (q.shape(), k.shape());
+    // What no backend takes (the mask) is reported before one backend's
+    // shape limits.
+    match mask {
+        AttentionMask::Array(_) => return Err(FallbackReason::UnsupportedMask),
+        // Malformed shapes go to the fused op's contract check, which names them.
+        _ if qs.len() != 4 || ks.len() != 4 => return Ok(()),
+        AttentionMask::Causal if ks[2] < qs[2].max(1) => {
+            return Err(FallbackReason::UnsupportedMask)
+        }
+        _ if ks[2] < 1 => return Err(FallbackReason::UnsupportedMask),
+        _ => {}
+    }
     if backend == Backend::Cuda
-        && qs.len() == 4
         && (qs[3] > CUDA_ATTENTION_MAX_HEAD_DIM || qs[2] > CUDA_ATTENTION_MAX_QUERIES)
     {
         return Err(FallbackReason::UnsupportedShape);
     }
-    match mask {
-        AttentionMask::Array(_) => Err(FallbackReason::UnsupportedMask),
-        // Malformed shapes go to the fused op's contract check, which names them.
-        _ if qs.len() != 4 || ks.len() != 4 => Ok(()),
-        AttentionMask::Causal if ks[2] < qs[2].max(1) => Err(FallbackReason::UnsupportedMask),
-        _ if ks[2] < 1 => Err(FallbackReason::UnsupportedMask),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// `softmax(q·kᵀ·scale + mask)·v`, `q [B, Hq, L, D]`, `k, v [B, Hkv, S, D]`.
