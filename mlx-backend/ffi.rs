@@ -532,7 +532,9 @@ pub(crate) mod bridge {
         /// array holding its buffer), 0 otherwise.
         fn cache_buffer_in_place(cache: &array) -> usize;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
-        /// 2 moe_combine) built fused or as the fallback.
+        /// 2 moe_combine) built fused or as the fallback. Only the test
+        /// hooks call it (feature `testing`).
+        #[allow(dead_code)]
         fn kernel_vjp(
             kernel: i32,
             fused: bool,

@@ -16,7 +16,7 @@ pub(crate) mod cpu;
 use super::build::build;
 use super::registry::{FallbackReason, Kernel};
 use super::{Backend, WarmupSpec};
-use crate::array::{unlist, Array};
+use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::OpError;
 use crate::ffi;
@@ -91,5 +91,5 @@ pub(crate) fn vjp(
         stream(),
     )
     .map_err(OpError::from_cxx("moe_combine vjp"))?;
-    Ok(unlist(&l))
+    Ok(crate::array::unlist(&l))
 }
