@@ -252,7 +252,7 @@ fn check_version(include_dir: &Path) {
     }
 }
 
-/// The C++ translation units: the bridge and one Primitive per kernel
+/// The C++ translation units: the MLX bridge and one Primitive per kernel
 /// folder, plus the backend files of this build's GPU backend (`cuda.cpp`
 /// and `cuda_*.cpp` with feature `cuda`; `metal*.cpp` on macOS).
 fn cpp_sources(backend: Backend) -> Vec<PathBuf> {
@@ -283,9 +283,24 @@ fn cpp_sources(backend: Backend) -> Vec<PathBuf> {
     sources
 }
 
+/// The cxx bridges: the MLX-facing one (`extern "C++"` only), the
+/// registry's callbacks for GPU bodies, and each kernel's CPU body
+/// callbacks. C++ includes their generated headers as
+/// `mlx-backend/<path>.h`.
+const BRIDGES: &[&str] = &[
+    "mlx-backend/ffi.rs",
+    "mlx-backend/kernels/registry_bridge.rs",
+    "mlx-backend/kernels/attention/bridge.rs",
+    "mlx-backend/kernels/decoder_layer/bridge.rs",
+    "mlx-backend/kernels/gate_qmv_silu_mul/bridge.rs",
+    "mlx-backend/kernels/moe_combine/bridge.rs",
+    "mlx-backend/kernels/quantized_matmul/bridge.rs",
+    "mlx-backend/kernels/rms_norm/bridge.rs",
+];
+
 fn compile_bridge(backend: Backend, mlx_dir: &Path, include_dir: &Path) {
     let sources = cpp_sources(backend);
-    let mut build = cxx_build::bridge("mlx-backend/ffi.rs");
+    let mut build = cxx_build::bridges(BRIDGES);
     build
         .files(&sources)
         .std("c++20")
@@ -315,7 +330,9 @@ fn compile_bridge(backend: Backend, mlx_dir: &Path, include_dir: &Path) {
             .include("mlx-kernels-cpp/common/fmt_shim");
     }
     build.compile("mlx_backend_bridge");
-    println!("cargo:rerun-if-changed=mlx-backend/ffi.rs");
+    for bridge in BRIDGES {
+        println!("cargo:rerun-if-changed={bridge}");
+    }
     println!("cargo:rerun-if-changed=mlx-kernels-cpp");
     println!("cargo:rerun-if-changed=build/cuda.rs");
     for source in &sources {

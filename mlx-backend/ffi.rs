@@ -1,7 +1,14 @@
-//! The one cxx bridge between Rust and MLX's C++ API, in sections: shared
+//! The bridge to MLX's C++ API, `extern "C++"` only, in sections: shared
 //! types, devices and streams, memory, arrays and host I/O, evaluation, ops,
-//! fast ops, random, files, and the custom Primitives with the Rust kernels
-//! they call.
+//! fast ops, random, files, and the builders of this crate's custom
+//! Primitives.
+//!
+//! Calls the other way, from C++ into Rust, go through bridges of their own
+//! that depend on this one and never the reverse: each kernel's CPU body
+//! has one (`kernels/<op>/bridge.rs`), and GPU bodies report to the
+//! registry through `kernels/registry_bridge.rs`. The decoder stack's
+//! shared structs live here because both its builder and its CPU body
+//! take them.
 //!
 //! Everything that can throw in C++ is declared `Result`: cxx catches the
 //! exception and hands back MLX's message. Safe wrappers live in the rest of
@@ -525,7 +532,9 @@ pub(crate) mod bridge {
         /// array holding its buffer), 0 otherwise.
         fn cache_buffer_in_place(cache: &array) -> usize;
         /// Test support: vjp of op `kernel` (0 rms_norm, 1 rms_norm_residual,
-        /// 2 moe_combine) built fused or as the fallback.
+        /// 2 moe_combine) built fused or as the fallback. Only the test
+        /// hooks call it (feature `testing`).
+        #[allow(dead_code)]
         fn kernel_vjp(
             kernel: i32,
             fused: bool,
@@ -535,157 +544,6 @@ pub(crate) mod bridge {
             s: StreamSpec,
         ) -> Result<UniquePtr<ArrayList>>;
     }
-
-    // ---- CPU kernels called from C++ (on MLX's stream thread). They never
-    // unwind: `false` means failed, with the failure recorded in the registry.
-    extern "Rust" {
-        /// A GPU body's evaluation failed (its module did not load, its
-        /// launch failed): remember it, so later op builds fall back.
-        fn record_gpu_failure(kernel: i32, message: &str);
-        /// A GPU body enqueued its kernels, taking `nanos` of host time.
-        fn record_gpu_enqueue(kernel: i32, nanos: u64);
-        #[allow(clippy::too_many_arguments)]
-        fn rms_norm_cpu(
-            dtype: i32,
-            x: &[u8],
-            w: &[u8],
-            out: &mut [u8],
-            rows: usize,
-            hidden: usize,
-            eps: f32,
-        ) -> bool;
-        #[allow(clippy::too_many_arguments)]
-        fn rms_norm_residual_cpu(
-            dtype: i32,
-            x: &[u8],
-            residual: &[u8],
-            w: &[u8],
-            normed: &mut [u8],
-            sum: &mut [u8],
-            rows: usize,
-            hidden: usize,
-            eps: f32,
-        ) -> bool;
-        #[allow(clippy::too_many_arguments)]
-        fn moe_combine_cpu(
-            y_dtype: i32,
-            scores_dtype: i32,
-            y: &[u8],
-            scores: &[u8],
-            out: &mut [u8],
-            rows: usize,
-            top_k: usize,
-            hidden: usize,
-        ) -> bool;
-        #[allow(clippy::too_many_arguments)]
-        fn gate_qmv_silu_mul_cpu(
-            dtype: i32,
-            params_dtype: i32,
-            x: &[u8],
-            gate_w: &[u32],
-            gate_scales: &[u8],
-            gate_biases: &[u8],
-            up_w: &[u32],
-            up_scales: &[u8],
-            up_biases: &[u8],
-            bits: u32,
-            group_size: usize,
-            out: &mut [u8],
-            m: usize,
-            n: usize,
-            k: usize,
-            activations: i32,
-        ) -> bool;
-        #[allow(clippy::too_many_arguments)]
-        fn gather_gate_qmv_silu_mul_cpu(
-            dtype: i32,
-            params_dtype: i32,
-            x: &[u8],
-            x_row_for: &[u32],
-            experts: &[u32],
-            gate_w: &[u32],
-            gate_scales: &[u8],
-            gate_biases: &[u8],
-            up_w: &[u32],
-            up_scales: &[u8],
-            up_biases: &[u8],
-            bits: u32,
-            group_size: usize,
-            num_experts: usize,
-            out: &mut [u8],
-            n: usize,
-            k: usize,
-            activations: i32,
-        ) -> bool;
-        #[allow(clippy::too_many_arguments)]
-        fn quantized_matmul_cpu(
-            dtype: i32,
-            params_dtype: i32,
-            x: &[u8],
-            w: &[u32],
-            scales: &[u8],
-            biases: &[u8],
-            bits: u32,
-            group_size: usize,
-            out: &mut [u8],
-            m: usize,
-            n: usize,
-            k: usize,
-            activations: i32,
-        ) -> bool;
-        /// Every block of a stack in turn, from x or (`input.tokens`) from
-        /// the rows of token ids in `embedding`'s table (w, scales,
-        /// biases), ending with the final norm and head (`head.head`;
-        /// `head_params`: norm, w, scales, biases) or not. `x`, `params` (each block's
-        /// `param_counts[l]` buffers, concatenated) and `outputs` (out, then
-        /// keys and values per block and row): `(address, bytes)` pairs of
-        /// MLX buffers. `quant`: 14 per block; `offsets`, `capacities`: per
-        /// block and row.
-        #[allow(clippy::too_many_arguments)]
-        fn decoder_stack_cpu(
-            input: &StackInput,
-            embedding: &[usize],
-            head: &StackHead,
-            head_params: &[usize],
-            specs: &[DecoderLayerSpec],
-            copied_caches: usize,
-            quant: &[i32],
-            offsets: &[i32],
-            capacities: &[i32],
-            x: &[usize],
-            params: &[usize],
-            param_counts: &[usize],
-            outputs: &[usize],
-        ) -> bool;
-        #[allow(clippy::too_many_arguments)]
-        fn attention_cpu(
-            dtype: i32,
-            q: &[u8],
-            q_strides: &[usize],
-            k: &[u8],
-            k_strides: &[usize],
-            v: &[u8],
-            v_strides: &[usize],
-            out: &mut [u8],
-            b: usize,
-            hq: usize,
-            hkv: usize,
-            l: usize,
-            s: usize,
-            d: usize,
-            scale: f32,
-            causal: bool,
-        ) -> bool;
-    }
 }
 
 pub(crate) use bridge::*;
-
-// The Rust side of the "CPU kernels called from C++" section.
-use crate::kernels::attention::cpu::attention_cpu;
-use crate::kernels::decoder_layer::cpu::decoder_stack_cpu;
-use crate::kernels::gate_qmv_silu_mul::cpu::{gate_qmv_silu_mul_cpu, gather_gate_qmv_silu_mul_cpu};
-use crate::kernels::moe_combine::cpu::moe_combine_cpu;
-use crate::kernels::quantized_matmul::cpu::quantized_matmul_cpu;
-use crate::kernels::registry::{record_gpu_enqueue, record_gpu_failure};
-use crate::kernels::rms_norm::cpu::{rms_norm_cpu, rms_norm_residual_cpu};

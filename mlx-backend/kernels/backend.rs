@@ -1,14 +1,13 @@
-//! The backends a kernel body can run on, and the one table of which
-//! kernel has a body on which backend.
+//! The backends a kernel body can run on.
 //!
 //! Each Primitive keeps its faces in one folder per kernel: the Rust
 //! contract and CPU body under `mlx-backend/kernels/<op>/`, the C++
 //! Primitive and the CUDA and Metal bodies under `mlx-kernels-cpp/<op>/`.
 //! Adding a backend's body to a kernel is that body's file plus one arm in
-//! [`has_body`]; the registry then keeps its switch, counters and failure
-//! memory apart from the other backends'.
+//! [`has_body`](super::has_body) (the registry's table of bodies); the
+//! registry then keeps its switch, counters and failure memory apart from
+//! the other backends'.
 
-use super::registry::Kernel;
 use crate::device::{current_spec, Device};
 use std::fmt;
 
@@ -75,24 +74,5 @@ impl Backend {
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// Whether this build has `kernel`'s body for `backend`: the table of
-/// bodies. A kernel without a body on the stream's backend builds MLX's
-/// fallback graph ([`FallbackReason::NoKernelForDevice`](super::FallbackReason)).
-pub fn has_body(kernel: Kernel, backend: Backend) -> bool {
-    use Backend::*;
-    use Kernel::*;
-    let cuda = cfg!(feature = "cuda");
-    match (kernel, backend) {
-        (_, Cpu) => true,
-        (RmsNorm, Cuda) => cuda,
-        (MoeCombine, Cuda) => cuda,
-        (GateQmvSiluMul, Cuda) => cuda,
-        (QuantizedMatmul, Cuda) => cuda,
-        (Attention, Cuda) => cuda,
-        (DecoderLayer, Cuda) => cuda,
-        _ => false,
     }
 }

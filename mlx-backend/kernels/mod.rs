@@ -17,19 +17,23 @@
 mod activation;
 pub mod attention;
 mod backend;
+mod build;
 mod cpu;
 pub mod decoder_layer;
 pub mod gate_qmv_silu_mul;
 pub mod moe_combine;
 pub mod quantized_matmul;
 pub mod registry;
+mod registry_bridge;
 pub mod rms_norm;
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub mod test_hooks;
+mod warmup;
 
 pub use activation::ActivationPrecision;
 pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, CUDA_ATTENTION_MAX_QUERIES};
-pub use backend::{has_body, Backend};
+pub use backend::Backend;
+pub use build::CUDA_QMV_MAX_ROWS;
 pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};
 pub use gate_qmv_silu_mul::{
     gate_qmv_silu_mul, gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul,
@@ -37,141 +41,13 @@ pub use gate_qmv_silu_mul::{
 };
 pub use moe_combine::moe_combine;
 pub use quantized_matmul::{quantized_matmul, quantized_matmul_with};
-pub use registry::{FallbackReason, Kernel, KernelStats, Snapshot};
+pub use registry::{has_body, FallbackReason, Kernel, KernelStats, Snapshot};
 pub use rms_norm::{rms_norm, rms_norm_residual};
+pub use warmup::{AttentionDims, ModelDims, MoeDims, WarmupError, WarmupReport, WarmupSpec};
 
 use crate::array::{eval, Array};
 use crate::dtype::Dtype;
-use crate::error::{EvalError, OpError};
 use crate::ops::QuantSpec;
-use thiserror::Error;
-
-/// Decides fused or fallback on the current stream's backend (the
-/// kernel's `eligibility` for that backend, then the registry's table of
-/// bodies, switches and failures), builds the op, and counts the decision
-/// once the build succeeded (an invalid call counts nothing). The C++ op
-/// picks the body by the stream's device, as MLX's `fast.cpp` ops do.
-fn build<R>(
-    kernel: Kernel,
-    eligibility: impl FnOnce(Backend) -> Result<(), FallbackReason>,
-    make: impl FnOnce(bool) -> Result<R, OpError>,
-) -> Result<R, OpError> {
-    let backend = Backend::current();
-    let decision = registry::decide(kernel, backend, eligibility(backend));
-    let out = make(decision.is_ok())?;
-    registry::count(kernel, backend, decision);
-    Ok(out)
-}
-
-/// The most rows of x the CUDA quantized bodies take (decode batches);
-/// from 5 rows on, MLX's own quantized matmul is faster (docs/performance.md).
-pub const CUDA_QMV_MAX_ROWS: usize = 4;
-
-/// The shapes the CUDA quantized bodies (`common/qmv.cuh`) cover: at most
-/// [`CUDA_QMV_MAX_ROWS`] rows of x, K a multiple of 32 (whole 16-byte
-/// weight reads), groups of 32, 64 or 128. Other backends: no limit here.
-fn quantized_shape_eligibility(
-    backend: Backend,
-    x: &Array,
-    group_size: i32,
-) -> Result<(), FallbackReason> {
-    if backend != Backend::Cuda {
-        return Ok(());
-    }
-    if !matches!(group_size, 32 | 64 | 128) {
-        return Err(FallbackReason::UnsupportedQuantization);
-    }
-    let k = x.shape().last().copied().unwrap_or(0);
-    if k <= 0 || k % 32 != 0 || x.size() / k as usize > CUDA_QMV_MAX_ROWS {
-        return Err(FallbackReason::UnsupportedShape);
-    }
-    Ok(())
-}
-
-/// One warmup run: a kernel, a dtype and a shape (per kernel: `[rows,
-/// hidden]` for rms_norm, `[tokens, top_k, hidden]` for moe_combine,
-/// `[rows, K, N]` or `[rows, K, N, E, top_k]` for gate_qmv_silu_mul,
-/// `[rows, K, N]` for quantized_matmul, `[B, Hq, Hkv, L, S, D]` for attention).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WarmupSpec {
-    /// The kernel to run.
-    pub kernel: Kernel,
-    /// The activations' dtype.
-    pub dtype: Dtype,
-    /// The shape, as the type's docs lay it out per kernel.
-    pub shape: Vec<i32>,
-    /// The weights' quantization, for the quantized kernels.
-    pub quant: Option<QuantSpec>,
-}
-
-/// The mixture-of-experts part of [`ModelDims`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MoeDims {
-    /// Experts in each MoE layer.
-    pub num_experts: i32,
-    /// Experts each token is routed to.
-    pub top_k: i32,
-    /// Each expert's intermediate size.
-    pub intermediate_size: i32,
-}
-
-/// The dimensions of a model, for [`warmup_for_model`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ModelDims {
-    /// The residual stream's width.
-    pub hidden_size: i32,
-    /// The dense MLP's intermediate size.
-    pub intermediate_size: i32,
-    /// The activations' dtype.
-    pub dtype: Dtype,
-    /// The MLP's quantization; `None` for unquantized models.
-    pub quant: Option<QuantSpec>,
-    /// The MoE layers' sizes; `None` for dense models.
-    pub moe: Option<MoeDims>,
-    /// Attention heads, for the decoder_layer warmup.
-    pub attention: Option<AttentionDims>,
-}
-
-/// The attention part of [`ModelDims`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionDims {
-    /// Query heads.
-    pub n_heads: i32,
-    /// Key/value heads.
-    pub n_kv_heads: i32,
-    /// Features per head.
-    pub head_dim: i32,
-}
-
-/// What a warmup did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WarmupReport {
-    /// Specs evaluated.
-    pub ran: usize,
-    /// Specs skipped because their kernel is disabled or failed earlier.
-    pub skipped: usize,
-}
-
-/// A warmup run failed.
-#[derive(Debug, Clone, Error)]
-pub enum WarmupError {
-    #[error("warmup of {kernel}: {source}")]
-    /// Building a warmup op failed.
-    Op {
-        /// The kernel being warmed up.
-        kernel: Kernel,
-        /// Why the build failed.
-        source: OpError,
-    },
-    #[error("warmup of {kernel}: {source}")]
-    /// Evaluating a warmup op failed (the kernel is then marked failed).
-    Eval {
-        /// The kernel being warmed up.
-        kernel: Kernel,
-        /// Why the evaluation failed.
-        source: EvalError,
-    },
-}
 
 const WARMUP_DTYPES: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::BF16];
 

@@ -1,8 +1,8 @@
-//! Hooks for this crate's own integration tests (`tests/`): forcing and
-//! forgetting kernel failures, and the kernels' vjps (the fused Primitive's
-//! against the fallback graph's). They exist so those tests can reach
-//! states and paths that serving never takes; they are not part of the
-//! API, are hidden from the docs, and may change at any time.
+//! Hooks for this crate's own integration tests (`tests/`), with feature
+//! `testing` only: forcing and forgetting kernel failures, and the kernels'
+//! vjps (the fused Primitive's against the fallback graph's). They exist so
+//! those tests can reach states and paths that serving never takes; they
+//! are not part of the stable API and may change at any time.
 
 use super::registry::{self, Kernel};
 use crate::array::Array;

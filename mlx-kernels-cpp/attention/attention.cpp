@@ -5,6 +5,7 @@
 
 #include "attention/cuda.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx-backend/mlx-backend/kernels/attention/bridge.rs.h"
 
 namespace mx = mlx::core;
 

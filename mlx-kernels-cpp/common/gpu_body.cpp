@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx-backend/mlx-backend/kernels/registry_bridge.rs.h"
 
 namespace mlx_backend {
 

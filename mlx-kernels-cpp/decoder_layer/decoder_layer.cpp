@@ -4,6 +4,7 @@
 #include "decoder_layer/cuda.h"
 #include "decoder_layer/prepared.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx-backend/mlx-backend/kernels/decoder_layer/bridge.rs.h"
 
 #include <algorithm>
 #include <span>

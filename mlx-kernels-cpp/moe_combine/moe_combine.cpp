@@ -1,6 +1,7 @@
 #include "moe_combine/moe_combine.h"
 
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx-backend/mlx-backend/kernels/moe_combine/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "moe_combine/cuda.h"
 #endif

@@ -2,6 +2,7 @@
 
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx-backend/mlx-backend/kernels/quantized_matmul/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "quantized_matmul/cuda.h"
 #endif

@@ -1,6 +1,7 @@
 #include "rms_norm/rms_norm.h"
 
 #include "mlx-backend/mlx-backend/ffi.rs.h"
+#include "mlx-backend/mlx-backend/kernels/rms_norm/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "rms_norm/cuda.h"
 #endif

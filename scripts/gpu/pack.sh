@@ -19,7 +19,8 @@
 # Env: MLX_BACKEND_CACHE  cache root (default ~/.cache/mlx-backend)
 #      GPU_PART_BYTES     part size (default 55 MiB: a part plus the work tree
 #                         stays under one call's 64 MiB)
-#      GPU_TESTS          space-separated test binary names to pack (default: all)
+#      GPU_TESTS          space-separated test binary names to pack (default: all);
+#                         NAME:FILTER entries (run.sh's test filter) pack NAME
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT="$PWD"

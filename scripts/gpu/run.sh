@@ -18,7 +18,9 @@
 #           qwen1.5-moe-a2.7b), bench_one_batch --synthetic on ours, then
 #           mlx-lm on the same folder
 # Reports and logs go to $OUT (the device tool returns it), else ./gpu-report.
-# Env: GPU_TESTS         only these test binaries (names without hash)
+# Env: GPU_TESTS         only these tests: test binary names (without hash),
+#                        each whole or as NAME:FILTER for the tests whose name
+#                        contains FILTER (e.g. `kernels:attention:: models_tiny`)
 #      GPU_TEST_TIMEOUT  seconds one test may take (default 300)
 #      GPU_TEST_JOBS     tests run at once on the one GPU, a process each (default 8)
 set -uo pipefail
@@ -88,8 +90,29 @@ if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   start=$SECONDS
   for t in "$APP"/deps/*; do
     name="$(basename "$t")"
-    if [[ -n "${GPU_TESTS:-}" ]] && ! grep -qw "${name%-*}" <<<"$GPU_TESTS"; then continue; fi
+    bin="${name%-*}"
+    # Whole binaries, or the tests of a binary whose names hold a filter.
+    want=all
+    filters=()
+    if [[ -n "${GPU_TESTS:-}" ]]; then
+      want=none
+      for entry in $GPU_TESTS; do
+        if [[ "$entry" == "$bin" ]]; then
+          want=all
+          break
+        elif [[ "$entry" == "$bin:"* ]]; then
+          want=some
+          filters+=("${entry#*:}")
+        fi
+      done
+    fi
+    [[ $want == none ]] && continue
     "$t" --list --format terse 2>/dev/null | sed -n 's/: test$//p' | while read -r test; do
+      if [[ $want == some ]]; then
+        hit=no
+        for f in "${filters[@]}"; do [[ "$test" == *"$f"* ]] && hit=yes; done
+        [[ $hit == yes ]] || continue
+      fi
       echo "$t $test"
     done
   done | xargs -P "${GPU_TEST_JOBS:-8}" -L 1 bash -c 'run_one_test "$1" "$2"' _

@@ -22,18 +22,17 @@
 //! in f32 that is merged at the end; with few rows and many keys the keys
 //! are split over several blocks per row and merged by a second kernel.
 
+mod bridge;
 pub(crate) mod cpu;
 
+use super::build::build;
 use super::registry::{FallbackReason, Kernel};
-use super::{build, Backend, WarmupSpec};
+use super::{Backend, WarmupSpec};
 use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{scaled_dot_product_attention, stream, AttentionMask};
-
-/// On by default: docs/performance.md has the benchmark.
-pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// The largest head_dim the CUDA body takes (`kCudaAttentionMaxHeadDim`).
 pub const CUDA_ATTENTION_MAX_HEAD_DIM: i32 = 256;

@@ -27,21 +27,20 @@
 //! Primitive's vjp/jvp/vmap differentiate.
 
 mod attend;
+mod bridge;
 pub(crate) mod cpu;
 
 pub use cpu::cache_copies;
 
+use super::build::build;
 use super::registry::{self, FallbackReason, Kernel};
 use super::ActivationPrecision;
-use super::{build, has_body, Backend, QuantSpec, WarmupSpec};
+use super::{has_body, Backend, QuantSpec, WarmupSpec};
 use crate::array::{list, unlist, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{stream, Quantized};
-
-/// On by default: docs/performance.md has the benchmark.
-pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// Most caches (keys and values arrays) one node takes: see
 /// [`DecoderStack::forward`].

@@ -23,20 +23,17 @@
 //! f32, or int8 activations with integer dot products); the fallback graph
 //! ignores it.
 
+mod bridge;
 pub(crate) mod cpu;
 
+use super::build::{build, quantized_shape_eligibility};
 use super::registry::{FallbackReason, Kernel};
-use super::{
-    build, quantized_shape_eligibility, ActivationPrecision, Backend, QuantSpec, WarmupSpec,
-};
+use super::{ActivationPrecision, Backend, QuantSpec, WarmupSpec};
 use crate::array::{list, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{stream, Quantized};
-
-/// On by default: docs/performance.md has the benchmark.
-pub(crate) const DEFAULT_ENABLED: bool = true;
 
 fn eligibility(
     backend: Backend,

@@ -10,18 +10,17 @@
 //! body takes up to 64 experts per token (more build the fallback). The
 //! fallback is `sum(f32(y) · f32(scores)[..., None], -2)` cast to y's dtype.
 
+mod bridge;
 pub(crate) mod cpu;
 
+use super::build::build;
 use super::registry::{FallbackReason, Kernel};
-use super::{build, Backend, WarmupSpec};
-use crate::array::{unlist, Array};
+use super::{Backend, WarmupSpec};
+use crate::array::Array;
 use crate::dtype::Dtype;
 use crate::error::OpError;
 use crate::ffi;
 use crate::ops::stream;
-
-/// On by default: docs/performance.md has the benchmark.
-pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// The CUDA body keeps each row's top-k weights in shared memory.
 const CUDA_MAX_TOP_K: i32 = 64;
@@ -76,6 +75,7 @@ pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, O
 }
 
 /// The vjp of the op (fused or fallback) with respect to `[y, scores]`.
+#[cfg(feature = "testing")]
 pub(crate) fn vjp(
     y: &Array,
     scores: &Array,
@@ -91,5 +91,5 @@ pub(crate) fn vjp(
         stream(),
     )
     .map_err(OpError::from_cxx("moe_combine vjp"))?;
-    Ok(unlist(&l))
+    Ok(crate::array::unlist(&l))
 }

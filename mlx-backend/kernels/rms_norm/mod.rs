@@ -11,18 +11,17 @@
 //! `fast::rms_norm` (after the add for the residual form).
 
 mod bf16_pairs;
+mod bridge;
 pub(crate) mod cpu;
 
+use super::build::build;
 use super::registry::{FallbackReason, Kernel};
-use super::{build, Backend, WarmupSpec};
+use super::{Backend, WarmupSpec};
 use crate::array::{unlist, Array};
 use crate::dtype::Dtype;
 use crate::error::OpError;
 use crate::ffi;
 use crate::ops::stream;
-
-/// On by default: faster than MLX's CPU `fast::rms_norm` at every benchmarked shape.
-pub(crate) const DEFAULT_ENABLED: bool = true;
 
 /// The kernel's own verdict on its inputs (the registry adds switches and failures).
 fn eligibility(_backend: Backend, x: &Array, others: &[&Array]) -> Result<(), FallbackReason> {
@@ -108,6 +107,7 @@ pub(crate) fn run_warmup(spec: &WarmupSpec, key: &Array) -> Result<Vec<Array>, O
 /// The vjp of the op (fused Primitive or fallback graph) with respect to
 /// every primal: `[x, w]`, or `[x, residual, w]` for the residual form
 /// (then `cotangents` holds one per output).
+#[cfg(feature = "testing")]
 pub(crate) fn vjp(
     primals: &[&Array],
     cotangents: &[&Array],

@@ -2,9 +2,7 @@
 //! Dequantization is checked against this file's own unpacking of the packed
 //! uint32 words; quantized products against `x · dequantized(W)ᵀ` in f64.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::ops::{quantize, Quantized};
 use mlx_backend::Dtype;
 

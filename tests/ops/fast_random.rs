@@ -1,9 +1,7 @@
 //! MLX's fused ops (rms_norm, layer_norm, rope, attention) against plain
 //! Rust references, and the seeded random generators' statistics.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::ops::{random, scaled_dot_product_attention, AttentionMask, RopeOffset};
 use mlx_backend::{Array, Dtype};
 

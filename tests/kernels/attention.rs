@@ -1,9 +1,9 @@
 //! attention against a float64 reference computed here, on the views the
 //! model feeds it (q a transpose, k/v slices of a longer cache buffer).
 
-mod kernels_common;
-
-use kernels_common::{assert_fallback_counted, fused_expected, normal, on_each_device, Tally};
+use crate::kernels_common::{
+    assert_fallback_counted, fused_expected, normal, on_each_device, Tally,
+};
 use mlx_backend::kernels::{
     attention, registry, Backend, FallbackReason, Kernel, CUDA_ATTENTION_MAX_HEAD_DIM,
     CUDA_ATTENTION_MAX_QUERIES,
@@ -130,7 +130,7 @@ fn agrees_with_mlx_sdpa() {
                 let want = mlx_backend::ops::scaled_dot_product_attention(&q, &k, &v, 0.125, mask)
                     .unwrap();
                 assert!(
-                    kernels_common::norm_rel_err(&got, &want) < 1e-5,
+                    crate::kernels_common::norm_rel_err(&got, &want) < 1e-5,
                     "l {l} s {s}"
                 );
             }

@@ -1,6 +1,6 @@
 //! Builds and evaluates one decode-sized op in a loop, for `perf record`
 //! (where the time of an `eval` goes):
-//! `cargo run --release --example eval_loop -- [rms_norm|combine|abs|mlx_rms_norm] [ops] [ops per eval] [--hidden N]`.
+//! `cargo bench --bench eval_loop -- [rms_norm|combine|abs|mlx_rms_norm] [ops] [ops per eval] [--hidden N]`.
 use clap::{Parser, ValueEnum};
 use mlx_backend::kernels::{moe_combine, rms_norm};
 use mlx_backend::ops::random;
@@ -12,6 +12,9 @@ use std::time::Instant;
 #[derive(Parser)]
 #[command(name = "eval_loop")]
 struct Args {
+    /// What `cargo bench` passes every bench target; ignored.
+    #[arg(long = "bench", hide = true)]
+    _bench: bool,
     /// The op to build.
     #[arg(value_enum, default_value_t = Op::RmsNorm)]
     op: Op,

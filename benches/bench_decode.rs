@@ -3,7 +3,7 @@
 //! `decoder_layer` kernel on and off (off: the blocks run op by op, with the
 //! other kernels), in the file's dtype and in f32.
 //!
-//! `cargo run --release --example bench_decode -- [path.gguf] [file|f32|int16|int8] [on|off]`
+//! `cargo bench --bench bench_decode -- [path.gguf] [file|f32|int16|int8] [on|off]`
 //! (the optional arguments run one load mode / one kernel setting only:
 //! `file` the checkpoint's dtypes, `f32` f32 activations with exact dot
 //! products, `int16` / `int8` f32 with int16- / int8-activation dot products).
@@ -24,6 +24,9 @@ const DECODE: usize = 32;
 #[derive(Parser)]
 #[command(name = "bench_decode")]
 struct Args {
+    /// What `cargo bench` passes every bench target; ignored.
+    #[arg(long = "bench", hide = true)]
+    _bench: bool,
     /// The GGUF file (default:
     /// ~/.cache/mlx-backend/models/SmolLM2-135M-Instruct.Q4_1.gguf).
     path: Option<PathBuf>,

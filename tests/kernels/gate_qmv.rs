@@ -1,8 +1,6 @@
 //! gate-QMV-SiLU-mul against MLX's quantized_matmul / gather_qmm + silu + multiply.
 
-mod kernels_common;
-
-use kernels_common::{
+use crate::kernels_common::{
     cuda_qmv_limit, eval_or_note_mlx_failure, indices, norm_rel_err, normal, on_cpu,
     on_each_device, quantized_weights as weights, upcast, Tally,
 };

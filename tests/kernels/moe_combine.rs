@@ -1,8 +1,6 @@
 //! MoE combine against an f32 sequential-k reference computed here.
 
-mod kernels_common;
-
-use kernels_common::{bits, cuda_moe_limit, normal, on_each_device, Tally};
+use crate::kernels_common::{bits, cuda_moe_limit, normal, on_each_device, Tally};
 use mlx_backend::kernels::{moe_combine, Kernel};
 use mlx_backend::{bf16, f16, Array, Dtype, Element};
 

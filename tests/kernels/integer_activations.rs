@@ -3,9 +3,9 @@
 //! within each mode's error bound, and measurably different from the exact
 //! mode (the mode reaches the kernel).
 
-mod kernels_common;
-
-use kernels_common::{indices, norm_rel_err, normal, on_cpu, quantized_weights as weights, upcast};
+use crate::kernels_common::{
+    indices, norm_rel_err, normal, on_cpu, quantized_weights as weights, upcast,
+};
 use mlx_backend::kernels::{
     gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul_with, quantized_matmul_with, registry,
     ActivationPrecision, Kernel,

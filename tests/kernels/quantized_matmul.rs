@@ -1,9 +1,7 @@
 //! quantized_matmul against MLX's quantized_matmul computed in f32 on the
 //! same quantized values.
 
-mod kernels_common;
-
-use kernels_common::{
+use crate::kernels_common::{
     assert_fallback_counted, cuda_qmv_limit, eval_or_note_mlx_failure, norm_rel_err, normal,
     on_cpu, on_each_device, Tally,
 };

@@ -1,9 +1,7 @@
 //! Reductions, arg-reductions, partitions, scans, sorting and softmax
 //! against f64 references over the host copy.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::{Array, Dtype};
 
 const SHAPE: [i32; 3] = [3, 4, 5];

@@ -1,9 +1,7 @@
 //! Shape manipulation, slicing, joining and gathers/scatters against
 //! index arithmetic done here on the host copy.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::ops::{concatenate, split, stack};
 use mlx_backend::Array;
 

@@ -2,9 +2,7 @@
 //! in f32 on the f32-upcast input), over the grid, ranks 2–4,
 //! views, the residual form and the vjp.
 
-mod kernels_common;
-
-use kernels_common::{bits, max_rel_err, normal, on_each_device, Tally};
+use crate::kernels_common::{bits, max_rel_err, normal, on_each_device, Tally};
 use mlx_backend::kernels::{rms_norm, rms_norm_residual, Kernel};
 use mlx_backend::{Array, Dtype};
 

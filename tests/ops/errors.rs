@@ -1,9 +1,7 @@
 //! Bad calls give `Err` with a message, never an abort, and the process keeps
 //! computing afterwards. File errors are in `files.rs`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::ops::{
     concatenate, quantize, scaled_dot_product_attention, AttentionMask, Quantized,
 };

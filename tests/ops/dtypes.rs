@@ -1,9 +1,7 @@
 //! Host round trips for every element type, and half-precision conversions
 //! against the `half` crate.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::{bf16, f16, Array, Dtype, Element, HostDataError};
 
 #[track_caller]

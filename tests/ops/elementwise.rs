@@ -1,9 +1,7 @@
 //! Elementwise arithmetic, comparisons (with broadcasting), activations,
 //! astype and contiguous, each against an f64 reference computed here.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mlx_backend::ops::where_;
 use mlx_backend::{Array, Dtype};
 
