@@ -54,8 +54,10 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
 
 // acc[m][c][r] += Σ_k x[r, k] · mats[m].w[n0 + c, k] over this lane's share
 // of the columns n0 .. n0 + COLS - 1 (those below n_len), for the first
-// `rows` (≤ ROWS) rows of x.
-template <typename T, typename P, int BITS, int MATS, int COLS, int ROWS, bool ALIGNED>
+// `rows` (≤ ROWS) rows of x. With NORM, x is first RMS-normed as
+// norm_row (decoder_layer/cuda.cu) would write it: x[r, k]·row_scale[r]·
+// norm_w[k], rounded to T (see rms_row_scales).
+template <typename T, typename P, int BITS, int MATS, int COLS, int ROWS, bool ALIGNED, bool NORM = false>
 __device__ __forceinline__ void qmv_lane(
     const T* x,
     const QuantMatrix<P> (&mats)[MATS],
@@ -64,7 +66,9 @@ __device__ __forceinline__ void qmv_lane(
     int rows,
     int k_len,
     int group_size,
-    float (&acc)[MATS][COLS][ROWS]) {
+    float (&acc)[MATS][COLS][ROWS],
+    const float* norm_w = nullptr,
+    const float* row_scale = nullptr) {
   constexpr int kPerWord = 32 / BITS;
   constexpr int kPerChunk = 4 * kPerWord; // values in 16 bytes
   constexpr uint32_t kMask = (1u << BITS) - 1u;
@@ -117,6 +121,13 @@ __device__ __forceinline__ void qmv_lane(
           }
         }
       }
+      float nw[kVec];
+      if constexpr (NORM) {
+#pragma unroll
+        for (int j = 0; j < kVec; j++) {
+          nw[j] = norm_w[k0 + v * kVec + j];
+        }
+      }
 #pragma unroll
       for (int r = 0; r < ROWS; r++) {
         if (r < rows) {
@@ -124,7 +135,10 @@ __device__ __forceinline__ void qmv_lane(
               load_vec<T, kVec, ALIGNED>(x + static_cast<size_t>(r) * k_len + k0 + v * kVec);
 #pragma unroll
           for (int j = 0; j < kVec; j++) {
-            const float xf = to_f32(xv.v[j]);
+            float xf = to_f32(xv.v[j]);
+            if constexpr (NORM) {
+              xf = round_to<T>(xf * row_scale[r] * nw[j]);
+            }
 #pragma unroll
             for (int m = 0; m < MATS; m++) {
 #pragma unroll
@@ -136,6 +150,30 @@ __device__ __forceinline__ void qmv_lane(
         }
       }
     }
+  }
+}
+
+// scale[r] = 1/sqrt(mean(x[r, :]²) + eps) for the first `rows` rows of x,
+// every lane of the warp getting each; rows past `rows` get 0.
+template <typename T, int ROWS>
+__device__ __forceinline__ void rms_row_scales(
+    const T* x,
+    int rows,
+    int k_len,
+    float eps,
+    float (&scale)[ROWS]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < ROWS; r++) {
+    float ss = 0.0f;
+    if (r < rows) {
+      for (int k = lane; k < k_len; k += 32) {
+        const float v = to_f32(x[static_cast<size_t>(r) * k_len + k]);
+        ss += v * v;
+      }
+    }
+    ss = warp_sum(ss);
+    scale[r] = r < rows ? rsqrtf(ss / static_cast<float>(k_len) + eps) : 0.0f;
   }
 }
 

@@ -21,7 +21,7 @@ namespace mlx_backend {
 namespace {
 
 constexpr int kQmvWarpsPerBlock = 4; // common/qmv.cuh
-constexpr int kNormThreads = 256; // decoder_layer/cuda.cu
+constexpr int kEmbedThreads = 256; // decoder_layer/cuda.cu
 constexpr int kAttendWarps = 4; // common/attend.cuh
 
 using Layers = std::vector<std::shared_ptr<const PreparedLayer>>;
@@ -35,6 +35,13 @@ struct Matrix {
   int group_size;
   // Added after the product (f32), or null.
   const array* bias;
+};
+
+// An RMSNorm folded into the projection that reads its output: f32
+// weights (null: none) and epsilon.
+struct Norm {
+  const array* w = nullptr;
+  float eps = 0.0f;
 };
 
 // The (rows, columns) bucket of the projection and gate kernels for
@@ -75,9 +82,10 @@ class StepLauncher {
     chain_.add(cuda_function(s_, fatbin::decoder_layer(), name), grid, block, std::move(args));
   }
 
-  // out[:, col0 ..] = x · [matrices]ᵀ (+ bias) (+ residual), x and out of
-  // dtype x_t and out_t; matrices of one bit width share a launch when
-  // their columns suit the kernel's bucket.
+  // out[:, col0 ..] = norm(x) · [matrices]ᵀ (+ bias) (+ residual), x and
+  // out of dtype x_t and out_t; matrices of one bit width share a launch
+  // when their columns suit the kernel's bucket. norm(x) is x RMS-normed
+  // with `norm` (f32 weights) when given, else x.
   void project(
       const array& x,
       mx::Dtype x_t,
@@ -86,7 +94,8 @@ class StepLauncher {
       array& out,
       mx::Dtype out_t,
       int rows,
-      int k_len) {
+      int k_len,
+      const Norm& norm) {
     const RowsBucket b = bucket_for(rows);
     int out_stride = 0;
     for (const auto& m : matrices) {
@@ -107,6 +116,8 @@ class StepLauncher {
       a.rows = rows;
       a.k_len = k_len;
       a.out_stride = out_stride;
+      a.norm_w = norm.w ? static_cast<const float*>(device_ptr(*norm.w)) : nullptr;
+      a.norm_eps = norm.eps;
       a.mats = static_cast<int>(end - first);
       int cols = 0;
       std::vector<array> in{x};
@@ -141,8 +152,15 @@ class StepLauncher {
     }
   }
 
-  // out = silu(x·Gᵀ)·(x·Uᵀ).
-  void gate(const array& x, const Matrix& g, const Matrix& u, array& out, int rows, int k_len) {
+  // out = silu(norm(x)·Gᵀ)·(norm(x)·Uᵀ), norm as in `project`.
+  void gate(
+      const array& x,
+      const Matrix& g,
+      const Matrix& u,
+      array& out,
+      int rows,
+      int k_len,
+      const Norm& norm) {
     const RowsBucket b = bucket_for(rows);
     GateArgs a{};
     a.x = device_ptr(x);
@@ -157,6 +175,8 @@ class StepLauncher {
     a.k_len = k_len;
     a.n_len = g.w->shape(0);
     a.group_size = g.group_size;
+    a.norm_w = norm.w ? static_cast<const float*>(device_ptr(*norm.w)) : nullptr;
+    a.norm_eps = norm.eps;
     std::vector<array> in{x, *g.w, *g.scales, *g.biases, *u.w, *u.scales, *u.biases};
     bool vec = k_len % 32 == 0 && (k_len * static_cast<int>(x.itemsize())) % 16 == 0 && aligned16(in);
     std::string name = std::string("mlx_backend_step_gate_") + dt_ + "_" +
@@ -165,16 +185,6 @@ class StepLauncher {
     launch(
         name, dim3((a.n_len + per_block - 1) / per_block, (rows + b.rows - 1) / b.rows),
         dim3(32 * kQmvWarpsPerBlock), {&a, &vec});
-  }
-
-  // normed = RMSNorm(x) with f32 weights w.
-  void norm(const array& x, const array& w, float eps, array& normed, int rows, int hidden) {
-    const void* xp = device_ptr(x);
-    const void* wp = device_ptr(w);
-    void* np = device_ptr_mut(normed);
-    launch(
-        std::string("mlx_backend_step_norm_") + dt_, dim3(rows), dim3(kNormThreads),
-        {&xp, &wp, &np, &eps, &hidden});
   }
 
   const char* dt() const {
@@ -393,16 +403,16 @@ class DecoderStackCuda : public GpuBody {
     array table = step.scratch({static_cast<int>(layout.bytes)}, mx::uint8);
     char* table_at = static_cast<char*>(device_ptr_mut(table));
 
-    // The running hidden state h, the block's h + attention, the norms'
-    // output and the other intermediates, reused by every block: each
-    // kernel reads what the one before wrote, so the step is one chain.
+    // The running hidden state h, the block's h + attention and the other
+    // intermediates, reused by every block: each kernel reads what the one
+    // before wrote, so the step is one chain. The norms run inside the
+    // projections that read them (qkv, gate/up, head).
     array h = embedding_ ? step.scratch({rows, hidden}, mx::float32) : input;
     if (embedding_) {
       embed(step, input, h);
     }
     array running = step.scratch({rows, hidden}, t);
     array h1 = step.scratch({rows, hidden}, t);
-    array normed = step.scratch({rows, hidden}, t);
     // Flat, sized for the widest block; each block reads them with its
     // own row widths.
     int qkv_cols = 0, q_width = 0, inter = 0, partial_floats = 0;
@@ -429,26 +439,23 @@ class DecoderStackCuda : public GpuBody {
           reinterpret_cast<void* const*>(table_at + layout.v) + at,
           reinterpret_cast<const int*>(table_at + layout.offset) + at,
           reinterpret_cast<const int*>(table_at + layout.capacity) + at};
-      step.norm(h, v.input_norm, c.eps, normed, rows, hidden);
       step.project(
-          normed, t,
+          h, t,
           {matrix(layer, 0, optional_ptr(v.qkv_bias[0])), matrix(layer, 1, optional_ptr(v.qkv_bias[1])),
            matrix(layer, 2, optional_ptr(v.qkv_bias[2]))},
-          nullptr, qkv, t, rows, hidden);
+          nullptr, qkv, t, rows, hidden, Norm{&v.input_norm, c.eps});
       attend(step, layer, rc, splits[l], qkv, q, attended, partials);
-      step.project(attended, t, {matrix(layer, 3)}, &h, h1, t, rows, q_cols);
-      step.norm(h1, v.post_norm, c.eps, normed, rows, hidden);
-      step.gate(normed, matrix(layer, 4), matrix(layer, 5), act, rows, hidden);
+      step.project(attended, t, {matrix(layer, 3)}, &h, h1, t, rows, q_cols, Norm{});
+      step.gate(h1, matrix(layer, 4), matrix(layer, 5), act, rows, hidden, Norm{&v.post_norm, c.eps});
       const bool last = l + 1 == layers_.size();
       array& dst = last && !head_ ? output : running;
-      step.project(act, t, {matrix(layer, 6)}, &h1, dst, t, rows, c.intermediate);
+      step.project(act, t, {matrix(layer, 6)}, &h1, dst, t, rows, c.intermediate, Norm{});
       h = dst;
     }
     if (head_) {
-      step.norm(h, head_->norm_f32, head_->eps, normed, rows, hidden);
       const auto& p = head_->params;
       Matrix m{&p[1], &p[2], &p[3], head_->bits, head_->group_size, nullptr};
-      step.project(normed, t, {m}, nullptr, output, mx::float32, rows, hidden);
+      step.project(h, t, {m}, nullptr, output, mx::float32, rows, hidden, Norm{&head_->norm_f32, head_->eps});
     }
     g->chain->instantiate();
     return g;
@@ -487,7 +494,7 @@ class DecoderStackCuda : public GpuBody {
     int vocab = e.vocab, hidden = e.hidden, group = e.group_size;
     step.launch(
         std::string("mlx_backend_step_embed_") + dtype_suffix(p[1].dtype()) + "_b" + std::to_string(e.bits),
-        dim3(batch_), dim3(kNormThreads), {&ip, &wp, &sp, &bp, &op, &vocab, &hidden, &group});
+        dim3(batch_), dim3(kEmbedThreads), {&ip, &wp, &sp, &bp, &op, &vocab, &hidden, &group});
   }
 
   // RoPE and the cache append, then attention, for one block: each row's

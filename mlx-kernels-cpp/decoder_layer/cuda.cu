@@ -1,16 +1,20 @@
 // decoder_layer's CUDA body (the contract is in
 // mlx-backend/kernels/decoder_layer/mod.rs): the kernels a decode step
 // enqueues for each block, in order (decoder_layer/cuda.cpp):
-//   norm          RMSNorm of the running x
-//   projection    q, k, v (+ bias) in one launch; later o (+ residual)
-//                 and down (+ residual), and the head (f32 logits)
+//   projection    RMSNorm of the running x, then q, k, v (+ bias) in one
+//                 launch; later o (+ residual) and down (+ residual), and
+//                 the head (final norm, f32 logits)
 //   rope_append   q/k norm, RoPE at each row's offset, k and v written
 //                 into each row's cache in place, q out
 //   attention     each row's heads over its own cache (split over blocks
 //                 for long caches, then merged)
-//   gate          gate and up in one pass, silu(g)·u
+//   gate          the post-attention RMSNorm, then gate and up in one
+//                 pass, silu(g)·u
 // plus the token lookup (embed) and a byte copy for caches that cannot be
-// written in place. Every value is rounded to the activation dtype where
+// written in place. Each norm runs in the launch that reads it: every
+// warp recomputes its rows' RMS (a few KB from L2) rather than a kernel of
+// its own writing the normed rows, one launch fewer per norm in a step
+// whose time is mostly launches. Every value is rounded to the activation dtype where
 // the unfused graph (decoder_layer.cpp's fallback) rounds it, so the step
 // equals the graph up to f32 summation order.
 #include "common/attend.cuh"
@@ -26,26 +30,7 @@ using mlx_backend::StepAttentionArgs;
 
 namespace {
 
-constexpr int kNormThreads = 256;
-
-// One block per row: normed = RMSNorm(x) with f32 weights (the exact
-// widening of the model's norm weights); the residual adds happen in the
-// projections' epilogues.
-template <typename T>
-__device__ void norm_row(const T* x, const float* w, T* normed, float eps, int hidden) {
-  __shared__ float scratch[32];
-  const size_t base = static_cast<size_t>(blockIdx.x) * hidden;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float v = to_f32(x[base + i]);
-    ss += v * v;
-  }
-  ss = block_sum(ss, scratch);
-  const float scale = rsqrtf(ss / static_cast<float>(hidden) + eps);
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    normed[base + i] = from_f32<T>(to_f32(x[base + i]) * scale * w[i]);
-  }
-}
+constexpr int kEmbedThreads = 256;
 
 // Row blockIdx.x of the table for token ids[row], in f32 (MLX's dequantize
 // with the scales widened first); an id past the table poisons its row
@@ -81,7 +66,7 @@ __device__ void embed_row(
 // A warp's COLS columns of the concatenated matrices, for up to ROWS rows
 // of x (grid row blockIdx.y takes rows ROWS·y ..). The host keeps every
 // matrix's columns a multiple of COLS, so a warp's columns lie in one.
-template <typename X, typename P, typename O, int BITS, int COLS, int ROWS, bool ALIGNED>
+template <typename X, typename P, typename O, int BITS, int COLS, int ROWS, bool ALIGNED, bool NORM>
 __device__ void projection(const ProjectionArgs& a) {
   int n0 = (blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32) * COLS;
   if (n0 >= a.n_cols) {
@@ -100,7 +85,12 @@ __device__ void projection(const ProjectionArgs& a) {
       {a.w[m], static_cast<const P*>(a.scales[m]), static_cast<const P*>(a.biases[m])}};
   float acc[1][COLS][ROWS] = {};
   const X* x = static_cast<const X*>(a.x) + static_cast<size_t>(row0) * a.k_len;
-  qmv_lane<X, P, BITS, 1, COLS, ROWS, ALIGNED>(x, mats, local, a.n[m], rows, a.k_len, a.group_size[m], acc);
+  float scale[ROWS];
+  if constexpr (NORM) {
+    rms_row_scales<X, ROWS>(x, rows, a.k_len, a.norm_eps, scale);
+  }
+  qmv_lane<X, P, BITS, 1, COLS, ROWS, ALIGNED, NORM>(
+      x, mats, local, a.n[m], rows, a.k_len, a.group_size[m], acc, a.norm_w, scale);
   O* out = static_cast<O*>(a.out);
   const O* residual = static_cast<const O*>(a.residual);
   const float* bias = a.bias[m];
@@ -124,7 +114,7 @@ __device__ void projection(const ProjectionArgs& a) {
   }
 }
 
-template <typename T, typename P, int BITS, int COLS, int ROWS, bool ALIGNED>
+template <typename T, typename P, int BITS, int COLS, int ROWS, bool ALIGNED, bool NORM>
 __device__ void gate(const GateArgs& a) {
   const int n0 = (blockIdx.x * kQmvWarpsPerBlock + threadIdx.x / 32) * COLS;
   if (n0 >= a.n_len) {
@@ -137,7 +127,12 @@ __device__ void gate(const GateArgs& a) {
       {a.w[1], static_cast<const P*>(a.scales[1]), static_cast<const P*>(a.biases[1])}};
   float acc[2][COLS][ROWS] = {};
   const T* x = static_cast<const T*>(a.x) + static_cast<size_t>(row0) * a.k_len;
-  qmv_lane<T, P, BITS, 2, COLS, ROWS, ALIGNED>(x, mats, n0, a.n_len, rows, a.k_len, a.group_size, acc);
+  float scale[ROWS];
+  if constexpr (NORM) {
+    rms_row_scales<T, ROWS>(x, rows, a.k_len, a.norm_eps, scale);
+  }
+  qmv_lane<T, P, BITS, 2, COLS, ROWS, ALIGNED, NORM>(
+      x, mats, n0, a.n_len, rows, a.k_len, a.group_size, acc, a.norm_w, scale);
   T* out = static_cast<T*>(a.out);
 #pragma unroll
   for (int col = 0; col < COLS; col++) {
@@ -271,10 +266,6 @@ extern "C" __global__ void mlx_backend_step_copy_b4(mlx_backend::CopyArgs a) {
 }
 
 #define STEP_ACTIVATION_KERNELS(S, T)                                                          \
-  extern "C" __global__ void __launch_bounds__(kNormThreads) mlx_backend_step_norm_##S(        \
-      const T* x, const float* w, T* normed, float eps, int hidden) {                          \
-    norm_row<T>(x, w, normed, eps, hidden);                                                    \
-  }                                                                                            \
   extern "C" __global__ void __launch_bounds__(32) mlx_backend_step_rope_append_##S(           \
       RopeAppendArgs a) {                                                                      \
     rope_append<T>(a);                                                                         \
@@ -290,7 +281,7 @@ extern "C" __global__ void mlx_backend_step_copy_b4(mlx_backend::CopyArgs a) {
   }
 
 #define EMBED_KERNEL(PS, P, BITS)                                                              \
-  extern "C" __global__ void __launch_bounds__(kNormThreads) mlx_backend_step_embed_##PS##_b##BITS( \
+  extern "C" __global__ void __launch_bounds__(kEmbedThreads) mlx_backend_step_embed_##PS##_b##BITS( \
       const uint32_t* ids, const uint32_t* w, const P* scales, const P* biases, float* out,    \
       int vocab, int hidden, int group_size) {                                                 \
     embed_row<P, BITS>(ids, w, scales, biases, out, vocab, hidden, group_size);                \
@@ -301,20 +292,32 @@ extern "C" __global__ void mlx_backend_step_copy_b4(mlx_backend::CopyArgs a) {
 #define PROJ_KERNEL(XS, X, PS, P, OS, O, BITS, ROWS, COLS)                                     \
   extern "C" __global__ void mlx_backend_step_proj_##XS##_##PS##_##OS##_b##BITS##_r##ROWS(     \
       ProjectionArgs a, bool vec) {                                                            \
-    if (vec) {                                                                                 \
-      projection<X, P, O, BITS, COLS, ROWS, true>(a);                                          \
+    if (a.norm_w) {                                                                            \
+      if (vec) {                                                                               \
+        projection<X, P, O, BITS, COLS, ROWS, true, true>(a);                                  \
+      } else {                                                                                 \
+        projection<X, P, O, BITS, COLS, ROWS, false, true>(a);                                 \
+      }                                                                                        \
+    } else if (vec) {                                                                          \
+      projection<X, P, O, BITS, COLS, ROWS, true, false>(a);                                   \
     } else {                                                                                   \
-      projection<X, P, O, BITS, COLS, ROWS, false>(a);                                         \
+      projection<X, P, O, BITS, COLS, ROWS, false, false>(a);                                  \
     }                                                                                          \
   }
 
 #define GATE_STEP_KERNEL(XS, T, PS, P, BITS, ROWS, COLS)                                       \
   extern "C" __global__ void mlx_backend_step_gate_##XS##_##PS##_b##BITS##_r##ROWS(            \
       GateArgs a, bool vec) {                                                                  \
-    if (vec) {                                                                                 \
-      gate<T, P, BITS, COLS, ROWS, true>(a);                                                   \
+    if (a.norm_w) {                                                                            \
+      if (vec) {                                                                               \
+        gate<T, P, BITS, COLS, ROWS, true, true>(a);                                           \
+      } else {                                                                                 \
+        gate<T, P, BITS, COLS, ROWS, false, true>(a);                                          \
+      }                                                                                        \
+    } else if (vec) {                                                                          \
+      gate<T, P, BITS, COLS, ROWS, true, false>(a);                                            \
     } else {                                                                                   \
-      gate<T, P, BITS, COLS, ROWS, false>(a);                                                  \
+      gate<T, P, BITS, COLS, ROWS, false, false>(a);                                           \
     }                                                                                          \
   }
 

@@ -33,6 +33,10 @@ struct ProjectionArgs {
   int n_cols;
   int out_stride;
   int rows, k_len;
+  // f32 [k_len]: x is RMS-normed with these weights first (the block's
+  // norms folded into the projection that reads them), or null.
+  const float* norm_w;
+  float norm_eps;
 };
 
 // silu(x·Gᵀ)·(x·Uᵀ) with the unfused graph's roundings.
@@ -43,6 +47,9 @@ struct GateArgs {
   const void* scales[2];
   const void* biases[2];
   int rows, k_len, n_len, group_size;
+  // As ProjectionArgs::norm_w: the post-attention norm, folded in.
+  const float* norm_w;
+  float norm_eps;
 };
 
 // One block's view of the step table: for each row, its keys and values
