@@ -7,7 +7,8 @@
 //! ```sh
 //! cargo bench --features cuda --bench gpu_kernels     # on a CUDA machine
 //! ```
-//! `GPU_BENCH_FILTER=qmv` keeps the cases whose name contains the string.
+//! `GPU_BENCH_FILTER=qmv` keeps the cases whose name contains the string
+//! (`qmm`: the 512-row prefill projections).
 //! Without a GPU it says so and exits.
 
 use mlx_backend::kernels::{
@@ -212,6 +213,52 @@ fn cases() -> Vec<Case> {
                 op: Box::new(move |i| quantized_matmul(&x, &ws[i]).expect("qmv")),
             });
         }
+    }
+    // Prefill projections (512 rows; the CUDA body's tiled kernels): the
+    // same models' q/o, up, down and a narrow (kv-sized) projection, bf16
+    // 4-bit g64; f32 x on two of them (the exact-f32 kernel).
+    let prefill: [(&str, i32, i32, Dtype); 10] = [
+        ("smollm2 q/o", 576, 576, bf16),
+        ("smollm2 up", 576, 1536, bf16),
+        ("smollm2 down", 1536, 576, bf16),
+        ("smollm2 kv", 576, 192, bf16),
+        ("qwen3-0.6b o", 1024, 1024, bf16),
+        ("qwen3-0.6b up", 1024, 3072, bf16),
+        ("qwen3-0.6b down", 3072, 1024, bf16),
+        ("qwen3-0.6b q", 1024, 2048, bf16),
+        ("smollm2 up", 576, 1536, Dtype::F32),
+        ("qwen3-0.6b up", 1024, 3072, Dtype::F32),
+    ];
+    for (label, k, n, dtype) in prefill {
+        let rows = 512;
+        let ws: Vec<Quantized> = (0..SETS)
+            .map(|i| {
+                let q = quantized(n, k, 4, 64, 160 + i as u64);
+                if dtype == Dtype::F32 {
+                    Quantized {
+                        scales: q.scales.astype(Dtype::F32).expect("astype"),
+                        biases: q.biases.astype(Dtype::F32).expect("astype"),
+                        ..q
+                    }
+                } else {
+                    q
+                }
+            })
+            .collect();
+        mlx_backend::eval(
+            &ws.iter()
+                .flat_map(|q| [&q.scales, &q.biases])
+                .collect::<Vec<_>>(),
+        )
+        .expect("eval");
+        let x = normal(&[rows, k], dtype, 1.0, 170);
+        let size = if dtype == Dtype::F32 { 4.0 } else { 2.0 };
+        cases.push(Case {
+            name: format!("qmm {label} {rows}x{k}->{n} 4-bit {dtype}"),
+            kernel: Kernel::QuantizedMatmul,
+            bytes: quant_bytes(n, k, 4, 64) + size * rows as f64 * (k + n) as f64,
+            op: Box::new(move |i| quantized_matmul(&x, &ws[i]).expect("qmm")),
+        });
     }
     cases
 }

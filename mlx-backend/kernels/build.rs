@@ -24,14 +24,18 @@ pub(crate) fn build<R>(
     Ok(out)
 }
 
-/// The most rows of x the CUDA quantized bodies take (decode batches);
-/// from 5 rows on, MLX's own quantized matmul is faster (docs/performance.md).
+/// The most rows of x the CUDA gate_qmv_silu_mul body takes (decode
+/// batches; from 5 rows on, MLX's own quantized matmul is faster than its
+/// `common/qmv.cuh` kernels, docs/performance.md). quantized_matmul's CUDA
+/// body takes any number of rows: up to this many run the same decode
+/// kernels, more its tiled kernels (`common/qmm.cuh`).
 pub const CUDA_QMV_MAX_ROWS: usize = 4;
 
-/// The shapes the CUDA quantized bodies (`common/qmv.cuh`) cover: at most
-/// [`CUDA_QMV_MAX_ROWS`] rows of x, K a multiple of 32 (whole 16-byte
-/// weight reads), groups of 32, 64 or 128. Other backends: no limit here.
-pub(crate) fn quantized_shape_eligibility(
+/// The shapes the CUDA quantized bodies cover at any number of rows: K a
+/// multiple of 32 (whole 16-byte weight reads, whole 32-value k-steps of
+/// the tiled kernels), groups of 32, 64 or 128. Other backends: no limit
+/// here.
+pub(crate) fn quantized_k_eligibility(
     backend: Backend,
     x: &Array,
     group_size: i32,
@@ -43,7 +47,22 @@ pub(crate) fn quantized_shape_eligibility(
         return Err(FallbackReason::UnsupportedQuantization);
     }
     let k = x.shape().last().copied().unwrap_or(0);
-    if k <= 0 || k % 32 != 0 || x.size() / k as usize > CUDA_QMV_MAX_ROWS {
+    if k <= 0 || k % 32 != 0 {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    Ok(())
+}
+
+/// [`quantized_k_eligibility`] and, on CUDA, at most [`CUDA_QMV_MAX_ROWS`]
+/// rows of x: the decode-only bodies (`common/qmv.cuh`).
+pub(crate) fn quantized_shape_eligibility(
+    backend: Backend,
+    x: &Array,
+    group_size: i32,
+) -> Result<(), FallbackReason> {
+    quantized_k_eligibility(backend, x, group_size)?;
+    let k = x.shape().last().copied().unwrap_or(0);
+    if backend == Backend::Cuda && x.size() / k as usize > CUDA_QMV_MAX_ROWS {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())

@@ -3,6 +3,7 @@
 #include "common/cuda_launch.h"
 #include "common/fallback_primitive.h"
 #include "mlx_backend_fatbins.h"
+#include "quantized_matmul/qmm_tiles.h"
 
 namespace mx = mlx::core;
 
@@ -53,7 +54,11 @@ class QmvCuda : public GpuBody {
     int rows = static_cast<int>(x.size() / k_len);
     int n_len = outputs[0].shape(-1);
     if (rows > kCudaQmvMaxRows) {
-      throw std::logic_error("qmv CUDA body: more rows than it takes (the op checks this)");
+      if (form_ != QmvForm::Plain) {
+        throw std::logic_error("gate qmv CUDA body: more rows than it takes (the op checks this)");
+      }
+      enqueue_qmm(s, inputs, outputs, rows, k_len, n_len);
+      return;
     }
     allocate(outputs[0]);
     bool vec = aligned16(inputs) && aligned16(outputs);
@@ -105,6 +110,44 @@ class QmvCuda : public GpuBody {
   }
 
  private:
+  // More than kCudaQmvMaxRows rows of a plain projection: the tiled kernels
+  // of common/qmm.cuh, the tile from qmm_tiles.h (f32 x: exact f32 FMAs;
+  // f16/bf16: tensor cores).
+  void enqueue_qmm(
+      const mx::Stream& s,
+      const std::vector<mx::array>& inputs,
+      std::vector<mx::array>& outputs,
+      int rows,
+      int k_len,
+      int n_len) {
+    const auto& x = inputs[0];
+    const bool f32 = x.dtype() == mx::float32;
+    const qmm::Tile& tile = f32 ? qmm::kF32Tiles[qmm::pick_tile(qmm::kF32Tiles, rows, n_len)]
+                                : qmm::kHalfTiles[qmm::pick_tile(qmm::kHalfTiles, rows, n_len)];
+    const long col_blocks = (static_cast<long>(n_len) + tile.bn - 1) / tile.bn;
+    if (col_blocks > 65535) {
+      throw std::logic_error("qmm CUDA body: more output columns than a grid takes");
+    }
+    allocate(outputs[0]);
+    if (n_len == 0) {
+      return;
+    }
+    std::string name = std::string("mlx_backend_qmm_") + dtype_suffix(x.dtype()) + "_" +
+        dtype_suffix(inputs[2].dtype()) + "_b" + std::to_string(bits_) + "_" + tile.name;
+    CUfunction f = cuda_function(s, fatbin::quantized_matmul(), name);
+    std::vector<const void*> in;
+    for (const auto& a : inputs) {
+      in.push_back(device_ptr(a));
+    }
+    void* out = device_ptr_mut(outputs[0]);
+    int group_size = group_size_;
+    bool vec = aligned16(inputs) && aligned16(outputs);
+    std::vector<void*> args{&in[0], &in[1], &in[2], &in[3], &out, &rows, &k_len, &n_len,
+                            &group_size, &vec};
+    dim3 grid((rows + tile.bm - 1) / tile.bm, static_cast<unsigned>(col_blocks));
+    cuda_enqueue(s, f, grid, dim3(tile.threads), inputs, outputs, args);
+  }
+
   QmvForm form_;
   int group_size_;
   int bits_;

@@ -1,8 +1,13 @@
-// quantized_matmul's CUDA body for decode-size batches (the contract is in
-// mlx-backend/kernels/quantized_matmul/mod.rs): out[r, n] = Σ_k x[r, k]·w[n, k]
-// for up to kQmvMaxRows rows, f32 accumulation, one rounding to the output
-// dtype (x's, which the eligibility makes the promoted type).
+// quantized_matmul's CUDA body (the contract is in
+// mlx-backend/kernels/quantized_matmul/mod.rs): out[r, n] = Σ_k x[r, k]·w[n, k],
+// f32 accumulation, one rounding to the output dtype (x's, which the
+// eligibility makes the promoted type). Up to kQmvMaxRows rows run the
+// decode kernels of common/qmv.cuh (`mlx_backend_qmv_*`); more rows the
+// tiled kernels of common/qmm.cuh (`mlx_backend_qmm_*`, one per tile of
+// qmm_tiles.h).
+#include "common/qmm.cuh"
 #include "common/qmv.cuh"
+#include "quantized_matmul/qmm_tiles.h"
 
 using namespace mlx_backend_cuda;
 
@@ -67,3 +72,55 @@ QMV_KERNELS(f16, __half, f16, __half)
 QMV_KERNELS(bf16, __nv_bfloat16, bf16, __nv_bfloat16)
 QMV_KERNELS(f32, float, f16, __half)
 QMV_KERNELS(f32, float, bf16, __nv_bfloat16)
+
+// The many-row kernels. The tile table (qmm_tiles.h) names the shapes the
+// host launches; each instantiation below checks that it matches its entry.
+namespace {
+
+constexpr bool same_tile(const mlx_backend::qmm::Tile& t, int bm, int bn, int threads) {
+  return t.bm == bm && t.bn == bn && t.threads == threads;
+}
+
+} // namespace
+
+#define QMM_MMA_KERNEL(XS, T, BITS, IDX, BM, BN, WM, WN, TILE)                                \
+  static_assert(same_tile(mlx_backend::qmm::kHalfTiles[IDX], BM, BN, 32 * WM * WN));         \
+  extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                  \
+      mlx_backend_qmm_##XS##_##XS##_b##BITS##_##TILE(                                         \
+          const T* x, const uint32_t* w, const T* scales, const T* biases, T* out, int rows, \
+          int k_len, int n_len, int group_size, bool vec) {                                   \
+    qmm_mma<T, BITS, BM, BN, WM, WN>(x, w, scales, biases, out, rows, k_len, n_len,           \
+                                     group_size, vec);                                        \
+  }
+
+#define QMM_MMA_KERNELS_BITS(XS, T, BITS)                      \
+  QMM_MMA_KERNEL(XS, T, BITS, 0, 64, 128, 2, 4, m64n128)       \
+  QMM_MMA_KERNEL(XS, T, BITS, 1, 64, 64, 2, 2, m64n64)         \
+  QMM_MMA_KERNEL(XS, T, BITS, 2, 32, 64, 2, 2, m32n64)
+
+QMM_MMA_KERNELS_BITS(f16, __half, 4)
+QMM_MMA_KERNELS_BITS(f16, __half, 8)
+QMM_MMA_KERNELS_BITS(bf16, __nv_bfloat16, 4)
+QMM_MMA_KERNELS_BITS(bf16, __nv_bfloat16, 8)
+
+#define QMM_F32_KERNEL(PS, P, BITS, IDX, BM, BN, TILE)                                        \
+  static_assert(same_tile(mlx_backend::qmm::kF32Tiles[IDX], BM, BN, (BM / 4) * (BN / 4)));   \
+  extern "C" __global__ void __launch_bounds__((BM / 4) * (BN / 4))                           \
+      mlx_backend_qmm_f32_##PS##_b##BITS##_##TILE(                                            \
+          const float* x, const uint32_t* w, const P* scales, const P* biases, float* out,   \
+          int rows, int k_len, int n_len, int group_size, bool vec) {                         \
+    qmm_f32<P, BITS, BM, BN, 4, 4>(x, w, scales, biases, out, rows, k_len, n_len, group_size, \
+                                   vec);                                                      \
+  }
+
+#define QMM_F32_KERNELS_BITS(PS, P, BITS)          \
+  QMM_F32_KERNEL(PS, P, BITS, 0, 64, 64, m64n64)   \
+  QMM_F32_KERNEL(PS, P, BITS, 1, 32, 64, m32n64)
+
+#define QMM_F32_KERNELS(PS, P)     \
+  QMM_F32_KERNELS_BITS(PS, P, 4)   \
+  QMM_F32_KERNELS_BITS(PS, P, 8)
+
+QMM_F32_KERNELS(f32, float)
+QMM_F32_KERNELS(f16, __half)
+QMM_F32_KERNELS(bf16, __nv_bfloat16)

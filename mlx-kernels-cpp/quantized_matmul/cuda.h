@@ -1,6 +1,7 @@
 // The CUDA bodies of the quantized projections (kernels in
 // quantized_matmul/cuda.cu and gate_qmv_silu_mul/cuda.cu, on the shared
-// common/qmv.cuh): decode-size batches of rows.
+// common/qmv.cuh): decode-size batches of rows; quantized_matmul also takes
+// more rows, on the tiled kernels of common/qmm.cuh.
 #pragma once
 
 #include <memory>
@@ -9,11 +10,12 @@
 
 namespace mlx_backend {
 
-// The most rows of x the CUDA bodies take (kQmvMaxRows in common/qmv.cuh);
-// more rows build MLX's quantized_matmul, faster there.
+// The most rows of x the decode kernels take (kQmvMaxRows in
+// common/qmv.cuh). quantized_matmul runs more rows on its tiled kernels;
+// gate_qmv_silu_mul does not take more (the op builds MLX's graph).
 constexpr int kCudaQmvMaxRows = 4;
 
-// out = x·wᵀ; inputs x, w, scales, biases.
+// out = x·wᵀ; inputs x, w, scales, biases; any number of rows.
 std::shared_ptr<GpuBody> quantized_matmul_cuda(int group_size, int bits);
 
 // out = silu(x·gateᵀ)·(x·upᵀ); inputs x, gate w/scales/biases, up w/scales/biases.

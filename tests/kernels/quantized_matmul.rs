@@ -2,7 +2,7 @@
 //! same quantized values.
 
 use crate::kernels_common::{
-    assert_fallback_counted, cuda_qmv_limit, eval_or_note_mlx_failure, norm_rel_err, normal,
+    assert_fallback_counted, cuda_qmm_limit, eval_or_note_mlx_failure, norm_rel_err, normal,
     on_cpu, on_each_device, Tally,
 };
 use mlx_backend::kernels::{quantized_matmul, registry, FallbackReason, Kernel};
@@ -39,11 +39,17 @@ fn matches_mlx_quantized_matmul() {
         for dtype in [Dtype::F32, Dtype::F16, Dtype::BF16] {
             for bits in [4, 8] {
                 for group in [32, 64, 128] {
+                    // Decode rows (≤ 4) and many rows (the CUDA body's tiled
+                    // kernels): odd row and column counts, partial tiles.
                     for (lead, k, n) in [
                         (vec![1], 256, 96),
                         (vec![33], 384, 72),
                         (vec![2, 3], 128, 41),
                         (vec![1, 1, 1], 512, 7),
+                        (vec![5], 128, 8),
+                        (vec![7], 256, 200),
+                        (vec![3, 43], 384, 130),
+                        (vec![513], 256, 72),
                     ] {
                         seed += 2;
                         let w = weights(n, k, dtype, bits, group, seed);
@@ -51,7 +57,7 @@ fn matches_mlx_quantized_matmul() {
                         let x = normal(&shape, dtype, 0.0, 1.0, seed + 1);
                         let case = format!("{dtype} bits {bits} group {group} x {shape:?} -> {n}");
                         let got = quantized_matmul(&x, &w).unwrap();
-                        let limit = cuda_qmv_limit(&x, group);
+                        let limit = cuda_qmm_limit(&x, group);
                         tally.record(limit);
                         if !eval_or_note_mlx_failure(Kernel::QuantizedMatmul, &got, limit, &case) {
                             continue;
@@ -152,7 +158,7 @@ fn f32_x_with_half_scales_promotes_like_mlx() {
             for rows in [1, 9] {
                 let x = normal(&[rows, 256], Dtype::F32, 0.0, 1.0, 31);
                 let got = quantized_matmul(&x, &w).unwrap();
-                tally.record(cuda_qmv_limit(&x, 32));
+                tally.record(cuda_qmm_limit(&x, 32));
                 assert_eq!(got.dtype(), Dtype::F32);
                 let err = norm_rel_err(&got, &f32_reference(&x, &w));
                 assert!(err < 1e-5, "{dtype} rows {rows}: {err:e}");

@@ -7,10 +7,14 @@
 //! or 128 dividing K; scales and biases `[N, K/group_size]`. Output
 //! `[..., N]` in x's dtype.
 //!
-//! Eligibility for the CPU kernel: a CPU stream; x, scales and biases of one
-//! dtype (f16/bf16/f32), or f32 x with f16/bf16 scales and biases (the
-//! result is then f32, as MLX promotes); 4 or 8 bits. Otherwise the op
-//! builds MLX's `quantized_matmul`.
+//! Eligibility: x, scales and biases of one dtype (f16/bf16/f32), or f32 x
+//! with f16/bf16 scales and biases (the result is then f32, as MLX
+//! promotes); 4 or 8 bits. The CUDA body also needs groups of 32, 64 or 128
+//! and K a multiple of 32; it takes any number of rows of x: up to
+//! [`CUDA_QMV_MAX_ROWS`](super::CUDA_QMV_MAX_ROWS) run the decode kernels
+//! (`common/qmv.cuh`), more the tiled kernels (`common/qmm.cuh`: tensor
+//! cores for f16/bf16 x, exact f32 FMAs for f32 x). Otherwise the op builds
+//! MLX's `quantized_matmul`.
 //!
 //! [`quantized_matmul_with`] also picks the kernel's [`ActivationPrecision`]
 //! (exact f32, or int8 activations with integer dot products); the fallback
@@ -19,7 +23,7 @@
 mod bridge;
 pub(crate) mod cpu;
 
-use super::build::{build, quantized_shape_eligibility};
+use super::build::{build, quantized_k_eligibility};
 use super::registry::{FallbackReason, Kernel};
 use super::{ActivationPrecision, Backend, QuantSpec, WarmupSpec};
 use crate::array::{list, Array};
@@ -37,7 +41,7 @@ fn eligibility(backend: Backend, x: &Array, w: &Quantized) -> Result<(), Fallbac
     if !matches!(w.bits, 4 | 8) {
         return Err(FallbackReason::UnsupportedQuantization);
     }
-    quantized_shape_eligibility(backend, x, w.group_size)
+    quantized_k_eligibility(backend, x, w.group_size)
 }
 
 /// `x·wᵀ`, `[..., K] → [..., N]`, in x's dtype promoted with the scales'
