@@ -28,7 +28,7 @@ pub mod rms_norm;
 pub mod test_hooks;
 
 pub use activation::ActivationPrecision;
-pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, CUDA_ATTENTION_MAX_QUERIES};
+pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM};
 pub use backend::{has_body, Backend};
 pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};
 pub use gate_qmv_silu_mul::{
