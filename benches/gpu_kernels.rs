@@ -159,16 +159,28 @@ fn cases() -> Vec<Case> {
             gather_gate_qmv_silu_mul(&x, &idx[i], &gates[i % 2], &ups[i % 2]).expect("gather gate")
         }),
     });
-    // Attention: decode (1 query row over a cache) and causal prefill,
-    // Qwen3-0.6B's heads (16 q, 8 kv, d 128) in bf16.
-    for (l, s_len) in [(1, 1024), (1, 4096), (512, 512)] {
-        let (hq, hkv, d) = (16, 8, 128);
-        let q = normal(&[1, hq, l, d], bf16, 1.0, 130);
+    // Attention: decode (1 query row over a cache) and causal prefill
+    // (the tiled kernels), Qwen3-0.6B's heads (16 q, 8 kv, d 128) and
+    // SmolLM2-135M's (9 q, 3 kv, d 64); prefill in bf16 and f32 (MLX's f32
+    // fallback multiplies in TF32 unless MLX_ENABLE_TF32=0; ours is f32).
+    let f32 = Dtype::F32;
+    let attention_shapes = [
+        ((16, 8, 128), 1, 1024, bf16),
+        ((16, 8, 128), 1, 4096, bf16),
+        ((16, 8, 128), 512, 512, bf16),
+        ((16, 8, 128), 512, 512, f32),
+        ((16, 8, 128), 2048, 2048, bf16),
+        ((16, 8, 128), 512, 2048, bf16),
+        ((9, 3, 64), 512, 512, bf16),
+        ((9, 3, 64), 512, 512, f32),
+    ];
+    for ((hq, hkv, d), l, s_len, dtype) in attention_shapes {
+        let q = normal(&[1, hq, l, d], dtype, 1.0, 130);
         let kv: Vec<(Array, Array)> = (0..SETS)
             .map(|i| {
                 (
-                    normal(&[1, hkv, s_len, d], bf16, 1.0, 140 + i as u64),
-                    normal(&[1, hkv, s_len, d], bf16, 1.0, 150 + i as u64),
+                    normal(&[1, hkv, s_len, d], dtype, 1.0, 140 + i as u64),
+                    normal(&[1, hkv, s_len, d], dtype, 1.0, 150 + i as u64),
                 )
             })
             .collect();
@@ -177,10 +189,11 @@ fn cases() -> Vec<Case> {
         } else {
             AttentionMask::None
         };
+        let size = if dtype == f32 { 4.0 } else { 2.0 };
         cases.push(Case {
-            name: format!("attention {hq}/{hkv}x{d} L={l} S={s_len} bf16"),
+            name: format!("attention {hq}/{hkv}x{d} L={l} S={s_len} {dtype:?}"),
             kernel: Kernel::Attention,
-            bytes: 2.0 * (2.0 * (hq * l * d) as f64 + 2.0 * (hkv * s_len * d) as f64),
+            bytes: size * (2.0 * (hq * l * d) as f64 + 2.0 * (hkv * s_len * d) as f64),
             op: Box::new(move |i| {
                 let scale = 1.0 / (d as f32).sqrt();
                 attention(&q, &kv[i].0, &kv[i].1, scale, mask).expect("attention")

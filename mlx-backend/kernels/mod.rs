@@ -31,7 +31,7 @@ pub mod test_hooks;
 mod warmup;
 
 pub use activation::ActivationPrecision;
-pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, CUDA_ATTENTION_MAX_QUERIES};
+pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM};
 pub use backend::Backend;
 pub use build::CUDA_QMV_MAX_ROWS;
 pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};

@@ -1,14 +1,20 @@
-// attention's CUDA body (the contract is in mlx-backend/kernels/attention/mod.rs):
-// softmax(q·kᵀ·scale)·v for one query row per block, causal (lower-right
-// aligned) or unmasked, grouped-query heads (the row's work is
-// common/attend.cuh). When there are few rows (decode) and many keys, the
-// keys are also split over several blocks per row (MLX's
+// attention's CUDA body (the contract is in mlx-backend/kernels/attention/mod.rs).
+//
+// Decode (up to kAttentionDecodeMaxRows query rows per head): one query row
+// per block, causal (lower-right aligned) or unmasked, grouped-query heads
+// (the row's work is common/attend.cuh). When there are few rows and many
+// keys, the keys are also split over several blocks per row (MLX's
 // sdpa_vector_2pass, "flash decoding"): each block writes its partial
-// state in f32 and a second kernel merges a row's partials. q, k and v are
-// read in place through their strides (the KV cache's slices and the
-// heads' transpose need no copy; any other view works too, less
-// coalesced).
+// state in f32 and a second kernel merges a row's partials.
+//
+// Prefill (more rows): a block per tile of query rows (attention/flash.cuh),
+// tensor cores for f16/bf16, exact f32 on the CUDA cores for f32.
+//
+// q, k and v are read in place through their strides (the KV cache's
+// slices and the heads' transpose need no copy; any other view works too,
+// less coalesced).
 #include "attention/cuda_args.h"
+#include "attention/flash.cuh"
 #include "common/attend.cuh"
 
 using namespace mlx_backend_cuda;
@@ -67,3 +73,27 @@ __device__ void merge_splits(const float* partials, T* out, int hq, int l_len, i
 ATTENTION_KERNEL(f32, float)
 ATTENTION_KERNEL(f16, __half)
 ATTENTION_KERNEL(bf16, __nv_bfloat16)
+
+// Prefill kernels, one per dtype and padded head size (kFlashDims):
+// mlx_backend_attention_flash_<dtype>_d<DP>.
+#define FLASH_TC_KERNEL(S, T, DP)                                                                 \
+  extern "C" __global__ void __launch_bounds__(mlx_backend::kFlashThreads)                        \
+      mlx_backend_attention_flash_##S##_d##DP(AttentionArgs a) {                                 \
+    flash_tc<T, DP>(a);                                                                          \
+  }
+#define FLASH_F32_KERNEL(DP)                                                                      \
+  extern "C" __global__ void __launch_bounds__(mlx_backend::kFlashThreads)                        \
+      mlx_backend_attention_flash_f32_d##DP(AttentionArgs a) {                                   \
+    flash_f32<DP / 16>(a);                                                                       \
+  }
+#define FLASH_KERNELS(DP)             \
+  FLASH_TC_KERNEL(f16, __half, DP)    \
+  FLASH_TC_KERNEL(bf16, __nv_bfloat16, DP) \
+  FLASH_F32_KERNEL(DP)
+
+FLASH_KERNELS(32)
+FLASH_KERNELS(64)
+FLASH_KERNELS(96)
+FLASH_KERNELS(128)
+FLASH_KERNELS(192)
+FLASH_KERNELS(256)

@@ -1,26 +1,42 @@
 //! attention against a float64 reference computed here, on the views the
-//! model feeds it (q a transpose, k/v slices of a longer cache buffer).
+//! model feeds it (q a transpose, k/v slices of a longer cache buffer),
+//! decode (the CUDA body's row-per-block kernel) and prefill (its tiled
+//! kernels) alike.
 
 use crate::kernels_common::{
     assert_fallback_counted, fused_expected, normal, on_each_device, Tally,
 };
 use mlx_backend::kernels::{
     attention, registry, Backend, FallbackReason, Kernel, CUDA_ATTENTION_MAX_HEAD_DIM,
-    CUDA_ATTENTION_MAX_QUERIES,
 };
 use mlx_backend::ops::AttentionMask;
 use mlx_backend::{Array, Dtype};
 
-/// The CUDA body's limits (head_dim, query rows per head); `Ok(())` on
-/// other backends.
+/// The CUDA body's limit (head_dim); `Ok(())` on other backends.
 fn cuda_limit(q: &Array) -> Result<(), FallbackReason> {
-    let s = q.shape();
-    if Backend::current() == Backend::Cuda
-        && (s[3] > CUDA_ATTENTION_MAX_HEAD_DIM || s[2] > CUDA_ATTENTION_MAX_QUERIES)
-    {
+    if Backend::current() == Backend::Cuda && q.shape()[3] > CUDA_ATTENTION_MAX_HEAD_DIM {
         Err(FallbackReason::UnsupportedShape)
     } else {
         Ok(())
+    }
+}
+
+/// Evaluates the inputs, then leaves a NaN-filled buffer of the output's
+/// size in MLX's buffer cache, where the output's allocation (the next one
+/// of that size) finds it: an element a kernel fails to write reads as NaN
+/// and fails the comparison instead of passing on stale data.
+fn poison_output(inputs: &[&Array], shape: &[i32], dtype: Dtype) {
+    for a in inputs {
+        a.eval().unwrap();
+    }
+    Array::full(shape, f64::NAN, dtype).unwrap().eval().unwrap();
+}
+
+fn mask_of(causal: bool) -> AttentionMask<'static> {
+    if causal {
+        AttentionMask::Causal
+    } else {
+        AttentionMask::None
     }
 }
 
@@ -93,12 +109,8 @@ fn matches_f64_reference() {
                             let (q, k, v) = inputs(hq, hkv, l, s, d, seed);
                             seed += 3;
                             let scale = 1.0 / (d as f32).sqrt();
-                            let mask = if causal {
-                                AttentionMask::Causal
-                            } else {
-                                AttentionMask::None
-                            };
-                            let got = attention(&q, &k, &v, scale, mask).unwrap();
+                            poison_output(&[&q, &k, &v], &[1, hq, l, d], Dtype::F32);
+                            let got = attention(&q, &k, &v, scale, mask_of(causal)).unwrap();
                             tally.record(cuda_limit(&q));
                             assert_eq!(got.shape(), vec![1, hq, l, d]);
                             let want = reference(&q, &k, &v, scale, causal);
@@ -182,25 +194,40 @@ fn ineligible_inputs_fall_back_counted() {
     });
 }
 
-/// The GPU bodies' half-precision dtypes, long caches, wide heads and a
-/// k whose head axis is strided (read through a copy) against the float64
-/// reference; the CPU builds MLX's op for what its body does not take.
+/// The GPU bodies' half-precision dtypes, long caches, prefill tiles
+/// (SmolLM2-135M's 9/3 heads of 64 and Qwen3-0.6B's 16/8 of 128 over 512
+/// rows, a chunk of rows behind a cache, uneven row counts), head sizes the
+/// prefill kernels pad (96, 40) or copy element by element (36), and k
+/// views with a transposed head axis or element stride, against the
+/// float64 reference; the CPU builds MLX's op for what its body does not
+/// take.
 #[test]
 fn half_precision_wide_heads_and_strided_views() {
     on_each_device(|_dev| {
         let mut seed = 7900;
         for (dtype, tol) in [(Dtype::F16, 4e-3), (Dtype::BF16, 3e-2), (Dtype::F32, 1e-4)] {
-            for (hq, hkv, l, s, d) in [(8, 2, 1, 1500, 128), (4, 4, 37, 37, 256), (6, 3, 3, 70, 96)]
-            {
+            for (hq, hkv, l, s, d, causal) in [
+                (8, 2, 1, 1500, 128, true),
+                (4, 4, 37, 37, 256, true),
+                (6, 3, 3, 70, 96, true),
+                (9, 3, 512, 512, 64, true),
+                (16, 8, 512, 512, 128, true),
+                (16, 8, 130, 130, 128, false),
+                (9, 3, 129, 300, 64, true),
+                (4, 2, 70, 89, 96, true),
+                (4, 2, 33, 33, 40, false),
+                (4, 2, 21, 40, 36, true),
+            ] {
                 let (q, k, v) = inputs(hq, hkv, l, s, d, seed);
                 seed += 3;
                 let [qh, kh, vh] = [&q, &k, &v].map(|a| a.astype(dtype).unwrap());
                 // The rounded inputs are what the reference sees.
                 let [q32, k32, v32] = [&qh, &kh, &vh].map(|a| a.astype(Dtype::F32).unwrap());
                 let scale = 1.0 / (d as f32).sqrt();
-                let want = reference(&q32, &k32, &v32, scale, true);
+                let want = reference(&q32, &k32, &v32, scale, causal);
+                poison_output(&[&qh, &kh, &vh], &[1, hq, l, d], dtype);
                 let before = registry::stats(Kernel::Attention);
-                let got = attention(&qh, &kh, &vh, scale, AttentionMask::Causal).unwrap();
+                let got = attention(&qh, &kh, &vh, scale, mask_of(causal)).unwrap();
                 let fused = registry::stats(Kernel::Attention).fused > before.fused;
                 let takes = match Backend::current() {
                     Backend::Cpu => dtype == Dtype::F32,
@@ -212,26 +239,44 @@ fn half_precision_wide_heads_and_strided_views() {
                     let err = (*g as f64 - w).abs() / w.abs().max(1.0);
                     assert!(
                         err <= tol,
-                        "{dtype:?} l {l} s {s} d {d}: index {i}: got {g}, want {w}"
+                        "{dtype:?} hq {hq}/{hkv} l {l} s {s} d {d} causal {causal}: \
+                         index {i}: got {g}, want {w}"
                     );
                 }
             }
-        }
-        // k with a strided head axis (a transpose of [.., D, S]).
-        let (q, _, v) = inputs(4, 2, 6, 20, 64, seed);
-        let kt = normal(&[1, 2, 64, 20], Dtype::F32, 0.0, 1.0, seed + 9)
-            .transpose(&[0, 1, 3, 2])
-            .unwrap();
-        let got = attention(&q, &kt, &v, 0.125, AttentionMask::None).unwrap();
-        let want = reference(&q, &kt.contiguous().unwrap(), &v, 0.125, false);
-        for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
-            assert!((*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0));
+            // k with a transposed head axis ([B, S, Hkv, D] stored: dense
+            // rows, head stride D) and k with an element stride (a
+            // transpose of [.., D, S]), decode and prefill.
+            for l in [3, 20] {
+                let s = 40;
+                let (q, _, v) = inputs(4, 2, l, s, 64, seed);
+                let k_heads = normal(&[1, s, 2, 64], Dtype::F32, 0.0, 1.0, seed + 8)
+                    .transpose(&[0, 2, 1, 3])
+                    .unwrap();
+                let k_elems = normal(&[1, 2, 64, s], Dtype::F32, 0.0, 1.0, seed + 9)
+                    .transpose(&[0, 1, 3, 2])
+                    .unwrap();
+                seed += 10;
+                for kt in [k_heads, k_elems] {
+                    let [qh, kh, vh] = [&q, &kt, &v].map(|a| a.astype(dtype).unwrap());
+                    let [q32, k32, v32] = [&qh, &kh, &vh].map(|a| a.astype(Dtype::F32).unwrap());
+                    let want = reference(&q32, &k32.contiguous().unwrap(), &v32, 0.125, true);
+                    poison_output(&[&qh, &kh, &vh], &[1, 4, l, 64], dtype);
+                    let got = attention(&qh, &kh, &vh, 0.125, AttentionMask::Causal).unwrap();
+                    for (g, w) in got.to_f32_vec().unwrap().iter().zip(&want) {
+                        assert!(
+                            (*g as f64 - w).abs() <= tol * w.abs().max(1.0),
+                            "{dtype:?} strided k, l {l}: got {g}, want {w}"
+                        );
+                    }
+                }
+            }
         }
     });
 }
 
-/// Past the CUDA body's widest head (256) and its most query rows: MLX's
-/// op there, counted.
+/// Past the CUDA body's widest head (256): MLX's op there, counted. A
+/// prefill (more rows than the decode kernel takes) is the CUDA body's.
 #[test]
 fn shapes_past_the_cuda_body_fall_back_there() {
     on_each_device(|_dev| {
@@ -245,11 +290,11 @@ fn shapes_past_the_cuda_body_fall_back_there() {
         for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
             assert!((*g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0));
         }
-        let (q, k, v) = inputs(2, 1, CUDA_ATTENTION_MAX_QUERIES + 1, 12, 64, 8200);
+        let (q, k, v) = inputs(2, 1, 5, 12, 64, 8200);
         let before = registry::stats(Kernel::Attention);
         let got = attention(&q, &k, &v, 0.125, AttentionMask::Causal).unwrap();
-        if Backend::current() == Backend::Cuda {
-            assert_fallback_counted(Kernel::Attention, &before, FallbackReason::UnsupportedShape);
+        if fused_expected(Kernel::Attention) {
+            assert_eq!(registry::stats(Kernel::Attention).fused, before.fused + 1);
         }
         let want = reference(&q, &k, &v, 0.125, true);
         for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {

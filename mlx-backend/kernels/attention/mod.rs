@@ -11,16 +11,22 @@
 //! CUDA.
 //!
 //! Eligibility: no array mask; `S ≥ max(L, 1)` when causal, `S ≥ 1`
-//! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16,
-//! head_dim ≤ 256 and at most 4 query rows per head (decode; prefill goes
-//! to MLX's own attention there). Anything else builds MLX's
+//! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16 and
+//! head_dim ≤ 256, any number of query rows. Anything else builds MLX's
 //! `fast::scaled_dot_product_attention` (an array mask with
-//! [`FallbackReason::UnsupportedMask`]).
+//! [`FallbackReason::UnsupportedMask`]). The checks run in that order: a
+//! mask MLX's op must take is reported as such before any shape limit.
 //!
-//! The CUDA body (`mlx-kernels-cpp/attention/cuda.cu`) computes one query
-//! row per block, its warps taking interleaved keys with an online softmax
-//! in f32 that is merged at the end; with few rows and many keys the keys
-//! are split over several blocks per row and merged by a second kernel.
+//! The CUDA body (`mlx-kernels-cpp/attention/cuda.cu`) has two kernels.
+//! Up to 4 query rows per head (decode, a few speculative rows) it computes
+//! one query row per block, its warps taking interleaved keys with an
+//! online softmax in f32 that is merged at the end; with few rows and many
+//! keys the keys are split over several blocks per row and merged by a
+//! second kernel. With more rows (prefill) a block takes a tile of query
+//! rows of one head and walks the key tiles up to its causal limit
+//! (`attention/flash.cuh`, FlashAttention-2's scheme): tensor cores
+//! (`mma.sync`, f32 accumulation) for f16/bf16, exact f32 arithmetic on
+//! the CUDA cores for f32.
 
 mod bridge;
 pub(crate) mod cpu;
@@ -36,12 +42,6 @@ use crate::ops::{scaled_dot_product_attention, stream, AttentionMask};
 
 /// The largest head_dim the CUDA body takes (`kCudaAttentionMaxHeadDim`).
 pub const CUDA_ATTENTION_MAX_HEAD_DIM: i32 = 256;
-
-/// The most query rows per head the CUDA body takes (decode, and a few
-/// speculative rows): it gives each query row a block of its own, which a
-/// long prompt's prefill does far slower than MLX's own attention (cuDNN's
-/// tensor-core flash attention on CUDA; docs/performance.md).
-pub const CUDA_ATTENTION_MAX_QUERIES: i32 = 4;
 
 fn eligibility(
     backend: Backend,
@@ -70,9 +70,7 @@ fn eligibility(
         _ if ks[2] < 1 => return Err(FallbackReason::UnsupportedMask),
         _ => {}
     }
-    if backend == Backend::Cuda
-        && (qs[3] > CUDA_ATTENTION_MAX_HEAD_DIM || qs[2] > CUDA_ATTENTION_MAX_QUERIES)
-    {
+    if backend == Backend::Cuda && qs[3] > CUDA_ATTENTION_MAX_HEAD_DIM {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())
