@@ -11,6 +11,7 @@
 #                        model. Changes only with MLX or the model: reused
 #                        when its inputs are unchanged.
 #   app.tar.xz.part-*    the stripped test binaries, examples and GPU kernel bench,
+#                        the standalone kernel checks (scripts/gpu/checks),
 #                        scripts/gpu, and the mlx-lm peer's wheels (MLX's cp312
 #                        bindings and mlx-lm, ~1.3 MB).
 # Paths inside are absolute (the binaries' RUNPATH points into the cache), so
@@ -41,6 +42,7 @@ BENCH="$(
   cargo bench --features cuda --no-run --bench gpu_kernels --message-format=json 2>/dev/null |
     python3 scripts/cargo-executables.py --target gpu_kernels
 )"
+bash scripts/gpu/checks/build.sh "$CARGO_TARGET_DIR/gpu-checks"
 [[ -d "$LAYOUT/mlx/lib" ]] || { echo "pack: no CUDA layout at $LAYOUT (the build should have made it)" >&2; exit 1; }
 
 mkdir -p "$OUTDIR"
@@ -72,6 +74,8 @@ for e in generate bench_one_batch; do
   strip -o "$APP/examples/$e" "$CARGO_TARGET_DIR/release/examples/$e"
 done
 cp scripts/gpu/*.sh "$APP/scripts/"
+mkdir -p "$APP/checks"
+cp "$CARGO_TARGET_DIR"/gpu-checks/* "$APP/checks/"
 # The mlx-lm peer for run.sh peer: the device's Python is 3.12, so MLX's
 # cp312 bindings (unpacked there over the CUDA layout's mlx/) and mlx-lm.
 PEER_WHEELS="$CACHE/peer-wheels-0.32.4"

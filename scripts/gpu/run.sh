@@ -3,12 +3,15 @@
 # (stashed in /tmp/mlx-backend-gpu by earlier calls, or carried in this
 # one), then run the GPU checks and write a report.
 #
-#   scripts/gpu/run.sh [tests|generate|bench|all] [.gpu/<part> ...]
+#   scripts/gpu/run.sh [tests|checks|generate|bench|kernels|peer|mlx-checks|synthetic|all] [.gpu/<part> ...]
 #
 # tests     every packed test binary with MLX's default device the GPU
 # generate  the generate example on the GPU (the known greedy answer)
 # bench     bench_one_batch --no-peers on the GPU
 # kernels   the GPU kernel bench (benches/gpu_kernels.rs)
+# checks    the standalone kernel checks (scripts/gpu/checks: every tile and
+#           layout of the prefill qmm and attention kernels against float64
+#           references, with their timings); `--quick` forms
 # peer      the default model through mlx-lm on the GPU (benches/peers/bench_peers.py,
 #           the workloads of bench), right after ours: run it in the call
 #           that runs bench, for a side-by-side ratio
@@ -136,6 +139,24 @@ if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
     tail -n 3 "$f"
   done >"$REPORT_DIR/failures.txt"
   rm -rf "$REPORT_DIR/rows" "$REPORT_DIR/logs"
+fi
+if [[ "$WHAT" == all || "$WHAT" == checks ]]; then
+  for c in "$APP"/checks/*; do
+    [[ -x "$c" ]] || continue
+    name="$(basename "$c")"
+    args=()
+    [[ "$name" == qmm_check ]] && args=(--quick)
+    "$c" "${args[@]}" >"$REPORT_DIR/$name.txt" 2>&1
+    rc=$?
+    [[ $rc -ne 0 ]] && status=1
+    {
+      echo
+      echo "## $name (exit $rc; full output in $name.txt)"
+      echo '```'
+      grep -E "FAIL|cases|failed|error" "$REPORT_DIR/$name.txt" | head -40
+      echo '```'
+    } >>"$REPORT"
+  done
 fi
 if [[ "$WHAT" == all || "$WHAT" == generate ]]; then
   echo >>"$REPORT"
