@@ -27,6 +27,7 @@
 #pragma once
 
 #include "common/cuda_common.cuh"
+#include "common/mma.cuh"
 
 namespace mlx_backend_cuda {
 
@@ -117,45 +118,6 @@ struct Half2Of<__nv_bfloat16> {
     return __floats2bfloat162_rn(a, b);
   }
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(
-    float (&c)[4],
-    const uint32_t (&a)[4],
-    uint32_t b0,
-    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(
-    float (&c)[4],
-    const uint32_t (&a)[4],
-    uint32_t b0,
-    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // out[m, n] = Σ_k x[m, k]·w[n, k] for T = __half or __nv_bfloat16 (x,
 // scales, biases and out all T). BM × BN per block, WARPS_M × WARPS_N warps
@@ -292,7 +254,7 @@ __device__ __forceinline__ void qmm_mma(
       for (int mt = 0; mt < kMT; mt++) {
 #pragma unroll
         for (int nt = 0; nt < kNT; nt++) {
-          mma_16816<T>(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+          mma16816<T>(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
         }
       }
     }

@@ -98,22 +98,6 @@ pub fn eval_or_note_mlx_failure(
 /// The most rows of x the CUDA quantized bodies take.
 pub const CUDA_QMV_MAX_ROWS: usize = 4;
 
-/// The CUDA dense gate_qmv_silu_mul body's limits: groups of 32, 64 or 128; K a multiple of 32 and at
-/// most [`CUDA_QMV_MAX_ROWS`] rows of x. `Ok(())` on other backends.
-pub fn cuda_qmv_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> {
-    if Backend::current() != Backend::Cuda {
-        return Ok(());
-    }
-    if !matches!(group_size, 32 | 64 | 128) {
-        return Err(FallbackReason::UnsupportedQuantization);
-    }
-    let k = *x.shape().last().unwrap();
-    if k <= 0 || k % 32 != 0 || x.size() / k as usize > CUDA_QMV_MAX_ROWS {
-        return Err(FallbackReason::UnsupportedShape);
-    }
-    Ok(())
-}
-
 /// The CUDA quantized_matmul body's limits: groups of 32, 64 or 128 and K
 /// a multiple of 32, at any number of rows (more than
 /// [`CUDA_QMV_MAX_ROWS`] run its tiled kernels). `Ok(())` on other backends.
@@ -126,6 +110,17 @@ pub fn cuda_qmm_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> 
     }
     let k = *x.shape().last().unwrap();
     if k <= 0 || k % 32 != 0 {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    Ok(())
+}
+
+/// The CUDA dense gate_qmv_silu_mul body's limits: [`cuda_qmm_limit`]'s
+/// and at most [`CUDA_QMV_MAX_ROWS`] rows of x. `Ok(())` on other backends.
+pub fn cuda_qmv_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> {
+    cuda_qmm_limit(x, group_size)?;
+    let k = *x.shape().last().unwrap();
+    if Backend::current() == Backend::Cuda && x.size() / k as usize > CUDA_QMV_MAX_ROWS {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())
