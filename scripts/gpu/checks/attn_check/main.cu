@@ -2,6 +2,7 @@
 // through attention/cuda.cu): random inputs, NaN-poisoned outputs, a
 // float64 host reference, and cudaEvent timings. Build and run: see README.
 #include "attention/cuda.cu"
+#include "../check_common.h"
 
 #include <cuda_runtime.h>
 
@@ -18,22 +19,6 @@
 using mlx_backend::AttentionArgs;
 using mlx_backend::AttentionStrides;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-enum class DT { F32, F16, BF16 };
-const char* dt_name(DT t) {
-  return t == DT::F32 ? "f32" : t == DT::F16 ? "f16" : "bf16";
-}
-int dt_bytes(DT t) {
-  return t == DT::F32 ? 4 : 2;
-}
 float round_dt(DT t, float x) {
   if (t == DT::F16) {
     return __half2float(__float2half(x));
@@ -285,29 +270,9 @@ bool run_case(const Case& c, std::mt19937_64& rng) {
   }
   char timing[96] = "";
   if (c.timed) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int i = 0; i < 3; i++) {
-      ln.f<<<ln.grid, mlx_backend::kFlashThreads, ln.smem>>>(a);
-    }
-    std::vector<float> ms;
-    for (int i = 0; i < 20; i++) {
-      CK(cudaEventRecord(e0));
-      ln.f<<<ln.grid, mlx_backend::kFlashThreads, ln.smem>>>(a);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float t = 0;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    CK(cudaGetLastError());
-    std::sort(ms.begin(), ms.end());
-    double med = ms[ms.size() / 2];
+    double med = median_ms(0, 3, [&] { ln.f<<<ln.grid, mlx_backend::kFlashThreads, ln.smem>>>(a); });
     double flops = 4.0 * c.b * c.hq * c.d * visible_pairs(c);
     std::snprintf(timing, sizeof timing, "%9.1f us %7.1f TFLOP/s", med * 1e3, flops / (med * 1e-3) / 1e12);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
   }
   std::printf(
       "%-4s %-4s B=%d H=%2d/%-2d L=%4d S=%4d D=%3d %-8s %-8s vec=%d max_err %.2e (tol %.0e at %zu) %s\n",

@@ -4,6 +4,7 @@
 // every (x dtype, scale dtype, bits, group) against host references, and
 // timings at prefill shapes. See README for the command.
 #include "quantized_matmul/cuda.cu"
+#include "../check_common.h"
 
 #include <algorithm>
 #include <array>
@@ -19,22 +20,6 @@
 
 namespace qmm = mlx_backend::qmm;
 
-#define CK(e)                                                                                \
-  do {                                                                                       \
-    cudaError_t err_ = (e);                                                                  \
-    if (err_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #e, cudaGetErrorString(err_)); \
-      std::exit(2);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-enum class DT { F32, F16, BF16 };
-const char* dt_name(DT t) {
-  return t == DT::F32 ? "f32" : t == DT::F16 ? "f16" : "bf16";
-}
-size_t dt_size(DT t) {
-  return t == DT::F32 ? 4 : 2;
-}
 // Unit roundoff of the output dtype.
 double dt_u(DT t) {
   return t == DT::F32 ? std::ldexp(1.0, -24) : t == DT::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
@@ -254,31 +239,31 @@ void* upload(const void* host, size_t bytes, size_t pad) {
 Device upload_problem(const Problem& p) {
   const Case& c = p.c;
   Device d;
-  std::vector<char> buf(p.x.size() * dt_size(c.xt));
+  std::vector<char> buf(p.x.size() * dt_bytes(c.xt));
   for (size_t i = 0; i < p.x.size(); i++) {
     store(c.xt, buf.data(), i, p.x[i]);
   }
-  d.x = upload(buf.data(), buf.size(), c.misaligned ? dt_size(c.xt) : 0);
+  d.x = upload(buf.data(), buf.size(), c.misaligned ? dt_bytes(c.xt) : 0);
   d.w = upload(p.w.data(), p.w.size() * 4, c.misaligned ? 4 : 0);
-  buf.assign(p.s.size() * dt_size(c.pt), 0);
+  buf.assign(p.s.size() * dt_bytes(c.pt), 0);
   for (size_t i = 0; i < p.s.size(); i++) {
     store(c.pt, buf.data(), i, p.s[i]);
   }
-  d.s = upload(buf.data(), buf.size(), c.misaligned ? dt_size(c.pt) : 0);
+  d.s = upload(buf.data(), buf.size(), c.misaligned ? dt_bytes(c.pt) : 0);
   for (size_t i = 0; i < p.b.size(); i++) {
     store(c.pt, buf.data(), i, p.b[i]);
   }
-  d.b = upload(buf.data(), buf.size(), c.misaligned ? dt_size(c.pt) : 0);
+  d.b = upload(buf.data(), buf.size(), c.misaligned ? dt_bytes(c.pt) : 0);
   d.out_elems = static_cast<size_t>(c.m) * c.n + kGuard;
-  CK(cudaMalloc(&d.out, d.out_elems * dt_size(c.xt)));
+  CK(cudaMalloc(&d.out, d.out_elems * dt_bytes(c.xt)));
   return d;
 }
 
 void free_device(Device& d, const Case& c) {
-  CK(cudaFree(static_cast<char*>(d.x) - (c.misaligned ? dt_size(c.xt) : 0)));
+  CK(cudaFree(static_cast<char*>(d.x) - (c.misaligned ? dt_bytes(c.xt) : 0)));
   CK(cudaFree(static_cast<char*>(d.w) - (c.misaligned ? 4 : 0)));
-  CK(cudaFree(static_cast<char*>(d.s) - (c.misaligned ? dt_size(c.pt) : 0)));
-  CK(cudaFree(static_cast<char*>(d.b) - (c.misaligned ? dt_size(c.pt) : 0)));
+  CK(cudaFree(static_cast<char*>(d.s) - (c.misaligned ? dt_bytes(c.pt) : 0)));
+  CK(cudaFree(static_cast<char*>(d.b) - (c.misaligned ? dt_bytes(c.pt) : 0)));
   CK(cudaFree(d.out));
 }
 
@@ -306,10 +291,10 @@ struct Verdict {
 Verdict verify(const Problem& p, const std::vector<RowRef>& refs, const Device& d) {
   const Case& c = p.c;
   Verdict v;
-  std::vector<char> host(d.out_elems * dt_size(c.xt));
+  std::vector<char> host(d.out_elems * dt_bytes(c.xt));
   CK(cudaMemcpy(host.data(), d.out, host.size(), cudaMemcpyDeviceToHost));
   // The guard past the output keeps its poison (0xFF bytes).
-  for (size_t i = static_cast<size_t>(c.m) * c.n * dt_size(c.xt); i < host.size(); i++) {
+  for (size_t i = static_cast<size_t>(c.m) * c.n * dt_bytes(c.xt); i < host.size(); i++) {
     if (static_cast<unsigned char>(host[i]) != 0xFF) {
       v.pass = false;
       v.why = "wrote past the output";
@@ -411,9 +396,6 @@ int main(int argc, char** argv) {
 
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   std::mt19937_64 rng(7);
   int failures = 0, runs = 0;
   std::printf("\n%-4s %-5s %-5s %-4s %-4s %5s %5s %5s %-8s %-8s %10s %10s %9s %s\n", "res", "x", "scale",
@@ -444,7 +426,7 @@ int main(int argc, char** argv) {
         failures++;
         continue;
       }
-      CK(cudaMemset(d.out, 0xFF, d.out_elems * dt_size(c.xt))); // NaN poison
+      CK(cudaMemset(d.out, 0xFF, d.out_elems * dt_bytes(c.xt))); // NaN poison
       launch(it->second, tiles[t], c, d, st);
       CK(cudaStreamSynchronize(st));
       CK(cudaGetLastError());
@@ -458,24 +440,10 @@ int main(int argc, char** argv) {
                     100.0 * v.bitexact / std::max<size_t>(1, v.checked), v.why.c_str());
       }
       if (c.timed) {
-        for (int i = 0; i < 5; i++) {
-          launch(it->second, tiles[t], c, d, st);
-        }
-        std::vector<float> ms;
-        for (int i = 0; i < 20; i++) {
-          CK(cudaEventRecord(e0, st));
-          launch(it->second, tiles[t], c, d, st);
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
-          float x;
-          CK(cudaEventElapsedTime(&x, e0, e1));
-          ms.push_back(x);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double s = ms[ms.size() / 2] * 1e-3;
-        const double bytes = static_cast<double>(c.m) * c.k * dt_size(c.xt) +
+        const double s = median_ms(st, 5, [&] { launch(it->second, tiles[t], c, d, st); }) * 1e-3;
+        const double bytes = static_cast<double>(c.m) * c.k * dt_bytes(c.xt) +
             static_cast<double>(c.n) * c.k * c.bits / 8 +
-            2.0 * c.n * (c.k / c.gs) * dt_size(c.pt) + static_cast<double>(c.m) * c.n * dt_size(c.xt);
+            2.0 * c.n * (c.k / c.gs) * dt_bytes(c.pt) + static_cast<double>(c.m) * c.n * dt_bytes(c.xt);
         timings.push_back({c, tiles[t].name, t == picked, s * 1e6, bytes / s / 1e9,
                            2.0 * c.m * c.n * c.k / s / 1e12});
       }
@@ -494,21 +462,7 @@ int main(int argc, char** argv) {
           CK(cudaLaunchKernel(fn, dim3((c.n + 15) / 16), dim3(128), args, 0, st));
         }
       };
-      for (int i = 0; i < 5; i++) {
-        run();
-      }
-      std::vector<float> ms;
-      for (int i = 0; i < 20; i++) {
-        CK(cudaEventRecord(e0, st));
-        run();
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float x;
-        CK(cudaEventElapsedTime(&x, e0, e1));
-        ms.push_back(x);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double s = ms[ms.size() / 2] * 1e-3;
+      const double s = median_ms(st, 5, run) * 1e-3;
       timings.push_back({c, "qmv_r4xN", false, s * 1e6, 0.0, 2.0 * c.m * c.n * c.k / s / 1e12});
     }
     free_device(d, c);
