@@ -270,7 +270,7 @@ fn block<'q>(
 /// one `axpy` per row and key.
 fn pv4(acc: &mut [f32], p: &[[f32; KEY_TILE]; 4], n: usize, v: Rows<'_>, t0: usize, d: usize) {
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(16) && crate::kernels::cpu::qdot512::available() {
+    if d.is_multiple_of(16) && crate::kernels::cpu::isa::avx512_available() {
         // SAFETY: AVX-512F was detected; `v` holds rows t0..t0 + n of d values.
         return unsafe { x86::pv4(acc, p, n, v, t0, d) };
     }
@@ -415,7 +415,7 @@ pub(crate) fn attention_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::Rng;
+    use crate::kernels::cpu::test_util::Rng;
 
     fn reference(
         q: &[f32],

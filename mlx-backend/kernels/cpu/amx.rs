@@ -24,8 +24,8 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::qdot512::OutStrides;
-use super::quant::{Layout, QView};
+use super::layout::OutStrides;
+use super::layout::{Layout, QView};
 use super::simd::Element;
 
 /// x rows per B tile (hi and lo fill its 16 columns).
@@ -46,7 +46,7 @@ pub(crate) const MIN_ROWS: usize = 8;
 pub(crate) fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        let off = super::switched_off("MLX_BACKEND_AMX");
+        let off = super::isa::switched_off("MLX_BACKEND_AMX");
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         return !off && x86::detect_and_request();
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
@@ -283,7 +283,7 @@ fn store_chunk(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
-    use crate::kernels::cpu::qdot512::x86::{
+    use crate::kernels::cpu::unpack::avx512::{
         lane_groups, lane_params, load_params, nibble_values, unpack,
     };
     use std::arch::asm;
@@ -760,65 +760,6 @@ mod x86 {
                 c += group;
             }
             r0 += count;
-        }
-    }
-}
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernels::cpu::quant::PreparedX;
-    use crate::kernels::cpu::simd::test_util::Rng;
-
-    /// Speed of the tiles against the AVX-512 VNNI kernel at the default
-    /// model's batched-decode and prefill shapes (`--ignored --nocapture`).
-    #[test]
-    #[ignore]
-    fn speed() {
-        if !available() {
-            return;
-        }
-        let mut rng = Rng::new(7);
-        for (m, n, k, bits) in [
-            (2, 1536, 576, 4),
-            (4, 1536, 576, 4),
-            (4, 576, 1536, 4),
-            (8, 1536, 576, 4),
-            (8, 576, 1536, 4),
-            (16, 1536, 576, 4),
-            (64, 1536, 576, 4),
-            (128, 1536, 576, 4),
-            (256, 576, 1536, 4),
-        ] {
-            let lay = Layout::new(bits, 32, n, k).unwrap();
-            let w: Vec<u32> = (0..n * lay.words_per_row).map(|_| rng.next_u32()).collect();
-            let groups = n * lay.groups_per_row;
-            let s: Vec<half::f16> = rng.elems(groups, 0.02);
-            let b: Vec<half::f16> = rng.elems(groups, 0.1);
-            let x: Vec<f32> = rng.elems(m * k, 1.0);
-            let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-            let st = OutStrides {
-                x_stride: n,
-                w_stride: 1,
-            };
-            let mut out = vec![0.0f32; m * n];
-            let reps = (4e8 as usize / (m * n * k)).max(3);
-            let mut time = |amx: bool| {
-                let px = PreparedX::with_amx(x.chunks_exact(k), &lay, true, amx);
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    super::super::qdot512::dot_rows(&px, 0..m, &wv, 0..n, &mut out, st);
-                }
-                t.elapsed().as_secs_f64() / reps as f64
-            };
-            let (vnni, tiles) = (time(false), time(true));
-            let gmacs = |s: f64| (m * n * k) as f64 / s / 1e9;
-            println!(
-                "m={m:3} n={n:5} k={k:4} {bits}-bit: VNNI {:7.1} us {:6.1} GMAC/s; AMX {:7.1} us {:6.1} GMAC/s",
-                vnni * 1e6,
-                gmacs(vnni),
-                tiles * 1e6,
-                gmacs(tiles)
-            );
         }
     }
 }

@@ -1,17 +1,43 @@
-//! Shared pieces of the CPU kernel bodies: element conversions and SIMD
-//! primitives, argument errors, and the byte-slice plumbing the
-//! `extern "Rust"` entry points use to reach the typed kernels.
+//! The CPU kernel bodies' shared parts, by role:
+//!
+//! | module | role |
+//! |---|---|
+//! | [`isa`] | which instruction sets run here, and the switches that turn a body off |
+//! | [`simd`] | element types (f32, f16, bf16) and the SIMD primitives on slices |
+//! | [`layout`] | MLX's packed affine-quantized weights: geometry, row views, output strides |
+//! | [`prepare`] | x prepared once per call ([`prepare::PreparedX`]) for the body that will run |
+//! | [`unpack`] | vector helpers the quantized bodies share (fields, group parameters, dot instructions) |
+//! | [`dispatch`] | the one choice of quantized dot-product body, by how x was prepared |
+//! | [`blocked`] | the register-blocked dot products, AVX-512 and AVX2 |
+//! | [`row_lanes`] | int16 x with one scale per group, weight rows across the lanes |
+//! | [`amx`] | the AMX tile body for many x rows |
+//! | [`rowwise`] | the row-at-a-time bodies (AVX2 or scalar) and dequantization |
+//! | [`int8`] | int8 x per block of 32 (`ActivationPrecision::Int8`) |
+//! | [`vector_math`] | softmax, SwiGLU and attention-row helpers |
+//! | [`team`] | the CPU team that runs a kernel's units in parallel |
+//! | [`error`] | argument errors |
+//!
+//! Dependencies run down the list's roles: `dispatch` above the bodies,
+//! the bodies above `prepare`, `layout`, `unpack` and `isa`; nothing below
+//! reaches up (`scripts/check-import-cycles.py` checks it). Below are the
+//! byte-slice plumbing the `extern "Rust"` entry points use to reach the
+//! typed kernels, and the chunked runner over the team.
 
 pub(crate) mod amx;
+pub(crate) mod blocked;
+pub(crate) mod dispatch;
 pub(crate) mod error;
 pub(crate) mod int8;
-pub(crate) mod qdot;
-pub(crate) mod qdot256;
-pub(crate) mod qdot512;
-pub(crate) mod quant;
+pub(crate) mod isa;
+pub(crate) mod layout;
+pub(crate) mod prepare;
 pub(crate) mod row_lanes;
+pub(crate) mod rowwise;
 pub(crate) mod simd;
 pub(crate) mod team;
+#[cfg(test)]
+pub(crate) mod test_util;
+pub(crate) mod unpack;
 pub(crate) mod vector_math;
 
 pub(crate) use error::KernelError;
@@ -51,12 +77,6 @@ impl XPrecision {
     pub(crate) fn int16(self) -> bool {
         self == XPrecision::Int16
     }
-}
-
-/// Whether the environment variable `name` switches a CPU path off
-/// (`0`, `off` or `false`); callers read it once.
-pub(crate) fn switched_off(name: &str) -> bool {
-    matches!(std::env::var(name).as_deref(), Ok("0" | "off" | "false"))
 }
 
 use crate::dtype::Dtype;

@@ -12,12 +12,12 @@
 /// softmax denominator when `shift` is the row's maximum).
 pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if super::qdot512::available() {
+    if super::isa::avx512_available() {
         // SAFETY: AVX-512F was detected.
         return unsafe { x86::exp_shifted_sum(x, shift) };
     }
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if super::isa::has_avx2_fma() {
         // SAFETY: AVX2 and FMA were detected.
         return unsafe { avx2::exp_shifted_sum(x, shift) };
     }
@@ -34,12 +34,12 @@ pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
 pub fn swiglu_f32(g: &[f32], u: &[f32], out: &mut [f32]) {
     let n = out.len().min(g.len()).min(u.len());
     #[cfg(target_arch = "x86_64")]
-    if super::qdot512::available() {
+    if super::isa::avx512_available() {
         // SAFETY: AVX-512F was detected; n bounds all three slices.
         return unsafe { x86::swiglu(&g[..n], &u[..n], &mut out[..n]) };
     }
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if super::isa::has_avx2_fma() {
         // SAFETY: AVX2 and FMA were detected; n bounds all three slices.
         return unsafe { avx2::swiglu(&g[..n], &u[..n], &mut out[..n]) };
     }
@@ -57,12 +57,12 @@ pub fn weighted_rows(out: &mut [f32], p: &[f32], rows: &[f32]) {
     let d = out.len();
     assert!(rows.len() >= p.len() * d, "rows too short");
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(16) && d <= 256 && super::qdot512::available() {
+    if d.is_multiple_of(16) && d <= 256 && super::isa::avx512_available() {
         // SAFETY: AVX-512F was detected; rows holds p.len() rows of d.
         return unsafe { x86::weighted_rows(out, p, rows) };
     }
     #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(8) && super::simd::has_avx2_fma() {
+    if d.is_multiple_of(8) && super::isa::has_avx2_fma() {
         // SAFETY: AVX2 and FMA were detected; rows holds p.len() rows of d.
         return unsafe { avx2::weighted_rows(out, p, rows) };
     }
@@ -329,7 +329,7 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::Rng;
+    use crate::kernels::cpu::test_util::Rng;
 
     /// Distance in units in the last place between two finite f32 of one sign.
     fn ulps(a: f32, b: f32) -> u32 {
@@ -341,7 +341,7 @@ mod tests {
     fn exp_bodies() -> Vec<fn(&mut [f32], f32) -> f32> {
         let mut bodies: Vec<fn(&mut [f32], f32) -> f32> = vec![exp_shifted_sum];
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::cpu::simd::has_avx2_fma() {
+        if crate::kernels::cpu::isa::has_avx2_fma() {
             // SAFETY: AVX2 and FMA were detected.
             bodies.push(|x, s| unsafe { avx2::exp_shifted_sum(x, s) });
         }
@@ -408,7 +408,7 @@ mod tests {
         type Body = fn(&mut [f32], &[f32], &[f32]);
         let mut bodies: Vec<Body> = vec![weighted_rows];
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::cpu::simd::has_avx2_fma() {
+        if crate::kernels::cpu::isa::has_avx2_fma() {
             // SAFETY (when d is a multiple of 8, checked below): AVX2 and FMA were detected.
             bodies.push(|o, p, r| unsafe { avx2::weighted_rows(o, p, r) });
         }
@@ -441,7 +441,7 @@ mod tests {
         type Body = fn(&[f32], &[f32], &mut [f32]);
         let mut bodies: Vec<Body> = vec![swiglu_f32];
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::cpu::simd::has_avx2_fma() {
+        if crate::kernels::cpu::isa::has_avx2_fma() {
             // SAFETY: AVX2 and FMA were detected; the slices have one length.
             bodies.push(|g, u, o| unsafe { avx2::swiglu(g, u, o) });
         }

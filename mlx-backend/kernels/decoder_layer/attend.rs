@@ -29,7 +29,7 @@ pub(crate) fn attend_heads(
     assert!(keys.len() == values.len() && keys.len().is_multiple_of(d) && !keys.is_empty());
     prefetch(keys, values);
     #[cfg(target_arch = "x86_64")]
-    if matches!(d, 64 | 128) && crate::kernels::cpu::qdot512::available() {
+    if matches!(d, 64 | 128) && crate::kernels::cpu::isa::avx512_available() {
         // Up to 4 heads of 64 (16 + 4 registers of sums and values), 2 of 128.
         let most = if d == 64 { 4 } else { 2 };
         for (q, o) in queries.chunks(most * d).zip(out.chunks_mut(most * d)) {
@@ -169,7 +169,7 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::Rng;
+    use crate::kernels::cpu::test_util::Rng;
 
     /// f64 softmax attention of one head.
     fn reference(q: &[f32], keys: &[f32], values: &[f32], scale: f32) -> Vec<f64> {
@@ -224,38 +224,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    /// Time per query head, keys and values in cache, against one head at
-    /// a time: `cargo test --release --lib attend::tests::speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn speed() {
-        let mut rng = Rng::new(22);
-        let (d, heads) = (64, 3);
-        for s in [32usize, 82, 256, 1024] {
-            let q: Vec<f32> = rng.elems(heads * d, 1.0);
-            let keys: Vec<f32> = rng.elems(s * d, 1.0);
-            let values: Vec<f32> = rng.elems(s * d, 1.0);
-            let (mut out, mut scores) = (vec![0.0f32; heads * d], Vec::new());
-            let reps = 20000;
-            let t = std::time::Instant::now();
-            for _ in 0..reps {
-                attend_heads(&q, &keys, &values, d, 0.125, &mut scores, &mut out);
-                std::hint::black_box(&out);
-            }
-            let grouped = t.elapsed().as_secs_f64() / (reps * heads) as f64 * 1e6;
-            let t = std::time::Instant::now();
-            for _ in 0..reps {
-                for (q, o) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-                    prefetch(&keys, &values);
-                    attend_one(q, &keys, &values, 0.125, &mut scores, o);
-                }
-                std::hint::black_box(&out);
-            }
-            let one = t.elapsed().as_secs_f64() / (reps * heads) as f64 * 1e6;
-            println!("S={s} d={d}, {heads} heads per KV head: {grouped:.3} us per head, one at a time {one:.3} us");
         }
     }
 }

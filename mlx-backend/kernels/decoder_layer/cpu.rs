@@ -20,7 +20,7 @@ use std::ops::Range;
 use crate::dtype::Dtype;
 use crate::ffi::{DecoderLayerSpec, StackHead, StackInput};
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::quant::QuantMatrix;
+use crate::kernels::cpu::layout::QuantMatrix;
 use crate::kernels::cpu::simd::Element;
 use crate::kernels::cpu::team::{self, SharedSlice};
 use crate::kernels::cpu::{run_entry, with_float, FloatKind, XPrecision};

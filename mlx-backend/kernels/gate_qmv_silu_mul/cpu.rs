@@ -4,20 +4,24 @@
 //! Rounding follows MLX's unfused graph (two quantized matmuls, then
 //! `silu(g) = g * sigmoid(g)` and the product, each op rounding to T);
 //! the dot products themselves accumulate in f32 with FMA. The quantized
-//! dot and dequantize bodies live in `kernels::cpu::quant`.
+//! dot and dequantize bodies live in `kernels::cpu::rowwise`.
 
 use crate::kernels::cpu::{
     for_chunks, run_entry, try_for_chunks, typed, typed_mut, with_float, FloatKind, XPrecision,
 };
 use crate::kernels::registry::Kernel;
 
+use crate::kernels::cpu::dispatch::{self, RowMajorChunks};
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::qdot::{self, RowMajorChunks};
-pub use crate::kernels::cpu::quant::QuantMatrix;
-use crate::kernels::cpu::quant::{
-    bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
-    PreparedX, Q8Activations, QRow, QView,
+use crate::kernels::cpu::int8::{
+    dot_rows as int8_dot_rows, dot_tile as int8_dot_tile, Int8Tier, Q8Activations,
 };
+use crate::kernels::cpu::isa;
+use crate::kernels::cpu::layout::OutStrides;
+pub use crate::kernels::cpu::layout::QuantMatrix;
+use crate::kernels::cpu::layout::{Layout, QRow, QView};
+use crate::kernels::cpu::prepare::PreparedX;
+use crate::kernels::cpu::rowwise::{bias_term, dequant, qdot2_scaled, scatter_rows};
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team;
 
@@ -253,7 +257,7 @@ impl Prepared {
     /// and x is not int8.
     fn for_blocked(&self) -> Option<&PreparedX> {
         match self {
-            Prepared::Exact(p) if qdot::available() => Some(p),
+            Prepared::Exact(p) if dispatch::available() => Some(p),
             _ => None,
         }
     }
@@ -317,7 +321,7 @@ fn project_rows_exact<T: Element, P: Element>(
     assert_eq!(px.lanes, 8, "x in 8-lane block order");
     let lay = gate.lay;
     let (m, k) = (px.rows, lay.k);
-    let avx = simd::has_avx2_f16c();
+    let avx = isa::has_avx2_f16c();
     let tile = |first: usize, chunk: &mut [T], bufs: &mut (Vec<f32>, Vec<f32>)| {
         for (i, outs) in chunk.chunks_mut(m).enumerate() {
             let (g_row, u_row) = (gate.row(first + i), up.row(first + i));
@@ -361,8 +365,8 @@ fn dense_blocked<T: Element, P: Element>(
         bufs.0.resize(chunk.len(), 0.0);
         bufs.1.resize(chunk.len(), 0.0);
         let (xrows, cols, strides) = chunks.part(c, chunk.len());
-        qdot::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
-        qdot::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
+        dispatch::dot_rows(px, xrows.clone(), gate, cols.clone(), &mut bufs.0, strides);
+        dispatch::dot_rows(px, xrows, up, cols, &mut bufs.1, strides);
         activate(&bufs.0, &bufs.1, chunk);
     };
     for_chunks(out, chunks.len, parallel, Default::default, body);
@@ -404,15 +408,15 @@ fn team_blocked<T: Element, P: Element>(
         let start = unit % per_job * TEAM_COLS;
         let cols = start..(start + TEAM_COLS).min(n);
         let (m, w) = (rows.len(), cols.len());
-        let st = qdot::OutStrides {
+        let st = OutStrides {
             x_stride: w,
             w_stride: 1,
         };
         g.resize(m * w, 0.0);
         u.resize(m * w, 0.0);
         act.resize(m * w, T::from_f32(0.0));
-        qdot::dot_rows(px, 0..m, gate, cols.clone(), g, st);
-        qdot::dot_rows(px, 0..m, up, cols.clone(), u, st);
+        dispatch::dot_rows(px, 0..m, gate, cols.clone(), g, st);
+        dispatch::dot_rows(px, 0..m, up, cols.clone(), u, st);
         activate(g, u, act);
         for (&row, a) in rows.iter().zip(act.chunks_exact(w)) {
             // SAFETY: each unit's columns of its job's rows are written
@@ -588,7 +592,7 @@ pub(crate) fn gather_gate_qmv_silu_mul_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::{tol_eps, Rng};
+    use crate::kernels::cpu::test_util::{tol_eps, Rng};
     use half::{bf16, f16};
 
     /// Owned quantized weights for `mats` stacked `[n, k]` matrices.
@@ -807,7 +811,7 @@ mod tests {
                 &px.perm,
                 &px.group_sums,
                 &lay,
-                simd::has_avx2_f16c(),
+                isa::has_avx2_f16c(),
             );
             let slow = qdot2(&gr, &ur, &px.perm, &px.group_sums, &lay, false);
             assert!(
@@ -815,7 +819,7 @@ mod tests {
                 "{fast:?} vs {slow:?}"
             );
             let (mut a, mut b) = (vec![0.0; k], vec![0.0; k]);
-            dequant(&gr, &lay, &mut a, simd::has_avx2_f16c());
+            dequant(&gr, &lay, &mut a, isa::has_avx2_f16c());
             dequant(&gr, &lay, &mut b, false);
             assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() < 1e-6));
         }
@@ -964,90 +968,5 @@ mod tests {
         assert!(gate_qmv_silu_mul(&x, short_scales, q.matrix(), &mut out, 1, n, k).is_err());
         // k not a multiple of the group size.
         assert!(gate_qmv_silu_mul(&x[..96], q.matrix(), q.matrix(), &mut out, 1, n, 96).is_err());
-    }
-
-    /// Threads: the CPU team's (`MLX_BACKEND_THREADS`, default every core):
-    /// `cargo test --release -- --ignored --nocapture bench_gate_qmv`
-    #[test]
-    #[ignore]
-    fn bench_gate_qmv() {
-        let threads = std::env::var("MLX_BACKEND_THREADS").unwrap_or_else(|_| "all".into());
-        let mut rng = Rng::new(1);
-        for (n, k, group) in [(1536, 576, 32), (14336, 4096, 64)] {
-            let gate = Owned::<f32>::random(&mut rng, 1, n, k, 4, group);
-            let up = Owned::<f32>::random(&mut rng, 1, n, k, 4, group);
-            let x: Vec<f32> = rng.elems(k, 1.0);
-            let mut out = vec![0.0f32; n];
-            let run = |out: &mut [f32]| {
-                gate_qmv_silu_mul(&x, gate.matrix(), up.matrix(), out, 1, n, k).unwrap()
-            };
-            run(&mut out);
-            let iters = (2_000_000_000 / (n * k)).clamp(3, 2000);
-            let t = std::time::Instant::now();
-            for _ in 0..iters {
-                run(&mut out);
-            }
-            let secs = t.elapsed().as_secs_f64() / iters as f64;
-            let packed = (gate.w.len() + up.w.len()) * 4;
-            let params = (gate.scales.len() + gate.biases.len()) * 2 * 4;
-            println!(
-                "{k}->{n} g{group} 4-bit, {threads} thread(s): {:.1} us, packed {:.2} GB/s, packed+scales/biases(f32) {:.2} GB/s",
-                secs * 1e6,
-                packed as f64 / secs / 1e9,
-                (packed + params) as f64 / secs / 1e9
-            );
-        }
-    }
-
-    /// The expert-indexed gate of the kernels bench (E=60, top-4, 2048 →
-    /// 1408, group 64, 4-bit, bf16) with its four experts read from memory
-    /// (a 64 MB buffer is summed between calls) and from cache (back to
-    /// back): `cargo test --release --lib gather_from_memory -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn gather_from_memory() {
-        let mut rng = Rng::new(3);
-        let (e, n, k) = (60, 1408, 2048);
-        let gate = Owned::<bf16>::random(&mut rng, e, n, k, 4, 64);
-        let up = Owned::<bf16>::random(&mut rng, e, n, k, 4, 64);
-        let x: Vec<bf16> = rng.elems(k, 1.0);
-        let experts = [3u32, 17, 29, 51];
-        let mut out = vec![bf16::ZERO; 4 * n];
-        let run = |out: &mut [bf16]| {
-            gather_gate_qmv_silu_mul_with(
-                &x,
-                &[0; 4],
-                &experts,
-                gate.experts(e),
-                up.experts(e),
-                out,
-                n,
-                k,
-                XPrecision::Exact,
-            )
-            .unwrap()
-        };
-        let flush: Vec<f32> = (0..16 << 20).map(|i| i as f32).collect();
-        let bytes = 4 * 2 * (n * k / 2 + n * k / 64 * 4);
-        for _ in 0..3 {
-            let (mut cold, mut warm) = (0.0, 0.0);
-            for _ in 0..10 {
-                std::hint::black_box(flush.chunks_exact(16).fold(0.0f32, |a, c| a + c[3]));
-                let t = std::time::Instant::now();
-                run(&mut out);
-                cold += t.elapsed().as_secs_f64() / 10.0;
-                let t = std::time::Instant::now();
-                run(&mut out);
-                warm += t.elapsed().as_secs_f64() / 10.0;
-            }
-            println!(
-                "{} MB of experts: from memory {:.1} us ({:.1} GB/s), from cache {:.1} us ({:.1} GB/s)",
-                bytes / 1_000_000,
-                cold * 1e6,
-                bytes as f64 / cold / 1e9,
-                warm * 1e6,
-                bytes as f64 / warm / 1e9
-            );
-        }
     }
 }

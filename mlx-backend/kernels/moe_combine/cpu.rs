@@ -72,7 +72,7 @@ pub(crate) fn moe_combine_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::Rng;
+    use crate::kernels::cpu::test_util::Rng;
     use half::{bf16, f16};
 
     fn case<Y: Element, S: Element>(rows: usize, top_k: usize, hidden: usize, rng: &mut Rng) {

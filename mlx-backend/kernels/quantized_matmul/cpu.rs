@@ -2,23 +2,27 @@
 //! rounded to T once.
 //!
 //! One x row (decode): weight rows are unpacked in registers two at a time
-//! and dotted with x in block order (`quant::qdot2_scaled`); the biases
+//! and dotted with x in block order (`rowwise::qdot2_scaled`); the biases
 //! contribute `bias · Σx` per group. Several x rows (prefill): a tile of
 //! `TILE_N` weight rows is dequantized to f32 once and reused for every x
 //! row, four weight rows per pass over x (`simd::dot4`). Both paths split
 //! the output rows into tiles over the CPU team when the work is large enough.
 //!
 //! With int8 activations (`ActivationPrecision::Int8`) x is quantized once
-//! per call and both paths use `quant::int8_dot_rows` / `int8_dot_tile`
+//! per call and both paths use `int8::dot_rows` / `int8_dot_tile`
 //! (integer dot products; the prefill tile reuses each unpacked weight
 //! chunk across x rows).
 
+use crate::kernels::cpu::dispatch::{self, RowMajorChunks};
 use crate::kernels::cpu::error::{check_len, KernelError};
-use crate::kernels::cpu::qdot::{self, RowMajorChunks};
-use crate::kernels::cpu::quant::{
-    bias_term, dequant, int8_dot_rows, int8_dot_tile, qdot2_scaled, scatter_rows, Int8Tier, Layout,
-    PreparedX, Q8Activations, QView,
+use crate::kernels::cpu::int8::{
+    dot_rows as int8_dot_rows, dot_tile as int8_dot_tile, Int8Tier, Q8Activations,
 };
+use crate::kernels::cpu::isa;
+use crate::kernels::cpu::layout::OutStrides;
+use crate::kernels::cpu::layout::{Layout, QView};
+use crate::kernels::cpu::prepare::PreparedX;
+use crate::kernels::cpu::rowwise::{bias_term, dequant, qdot2_scaled, scatter_rows};
 use crate::kernels::cpu::simd::{self, Element};
 use crate::kernels::cpu::team::{for_units, split, SharedSlice};
 use crate::kernels::cpu::{
@@ -26,7 +30,7 @@ use crate::kernels::cpu::{
 };
 use crate::kernels::registry::Kernel;
 
-pub use crate::kernels::cpu::quant::QuantMatrix;
+pub use crate::kernels::cpu::layout::QuantMatrix;
 
 /// Below this many multiply-adds threading costs more than it saves.
 const PAR_MIN_MACS: usize = 1 << 19;
@@ -88,14 +92,14 @@ pub(crate) fn quantized_matmul_with<T: Element, P: Element>(
         return int8_matmul(x, &wv, out, m, parallel, tier);
     }
     let px = PreparedX::new(x.chunks_exact(k), &lay, xp.int16());
-    if qdot::available() {
+    if dispatch::available() {
         // AVX-512 or AVX2: one register-blocked kernel for any number of x
         // rows, `out` written row-major in place.
         let chunks = RowMajorChunks::new(&px, n, parallel);
         let body = |c: usize, chunk: &mut [T], buf: &mut Vec<f32>| {
             buf.resize(chunk.len(), 0.0);
             let (xrows, cols, strides) = chunks.part(c, chunk.len());
-            qdot::dot_rows(&px, xrows, &wv, cols, buf, strides);
+            dispatch::dot_rows(&px, xrows, &wv, cols, buf, strides);
             to_elements(buf, chunk);
         };
         for_chunks(out, chunks.len, parallel, Vec::new, body);
@@ -192,7 +196,7 @@ pub(crate) fn quantized_matmul_shared_x<P: Element>(
         return Ok(());
     };
     let (bits, group) = (first.bits, first.group_size);
-    let shared = qdot::available()
+    let shared = dispatch::available()
         && xp.int8().is_none()
         && parts
             .iter()
@@ -211,11 +215,11 @@ pub(crate) fn quantized_matmul_shared_x<P: Element>(
         let wv = QView::new("w", w.w, w.scales, w.biases, lay, 1)?;
         check_len("out", out.len(), m.checked_mul(*n))?;
         if m > 0 && *n > 0 {
-            let strides = qdot::OutStrides {
+            let strides = OutStrides {
                 x_stride: *n,
                 w_stride: 1,
             };
-            qdot::dot_rows(&px, 0..m, &wv, 0..*n, out, strides);
+            dispatch::dot_rows(&px, 0..m, &wv, 0..*n, out, strides);
         }
     }
     Ok(())
@@ -273,7 +277,7 @@ fn for_tiles<T: Send, B>(
 /// Output rows `first..first + dst.len()` for the single x row.
 fn matvec_tile<T: Element, P: Element>(px: &PreparedX, w: &QView<P>, first: usize, dst: &mut [T]) {
     let lay = &w.lay;
-    let avx = simd::has_avx2_f16c();
+    let avx = isa::has_avx2_f16c();
     let finish =
         |d: f32, r: usize| T::from_f32(d + bias_term(w.row(r).biases, &px.group_sums, avx));
     let mut pairs = dst.chunks_exact_mut(2);
@@ -302,7 +306,7 @@ fn tiled<T: Element, P: Element>(
 ) {
     let (m, k) = (px.rows, w.lay.k);
     let rows = dst.len() / m;
-    let avx = simd::has_avx2_f16c();
+    let avx = isa::has_avx2_f16c();
     for (i, dq) in buf.chunks_exact_mut(k).take(rows).enumerate() {
         dequant(&w.row(first + i), &w.lay, dq, avx);
     }
@@ -364,7 +368,7 @@ pub(crate) fn quantized_matmul_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::{tol_eps, Rng};
+    use crate::kernels::cpu::test_util::{tol_eps, Rng};
     use half::{bf16, f16};
 
     struct Owned<T> {
@@ -547,46 +551,5 @@ mod tests {
         };
         assert!(quantized_matmul(&x, short, &mut out, 2, n, k).is_err());
         assert!(quantized_matmul(&x[..96], q.matrix(), &mut out[..n], 1, n, 96).is_err());
-    }
-
-    /// Raw kernel speed without MLX, exact and int8 activations (threads:
-    /// the CPU team's, `MLX_BACKEND_THREADS`, default every core):
-    /// `cargo test --release --lib -- --ignored --nocapture bench_quantized_matmul`
-    #[test]
-    #[ignore]
-    fn bench_quantized_matmul() {
-        let mut rng = Rng::new(1);
-        for (m, k, n, bits) in [
-            (1, 576, 576, 4),
-            (1, 576, 1536, 4),
-            (1, 1536, 576, 4),
-            (1, 576, 49152, 8),
-            (128, 576, 1536, 4),
-        ] {
-            let w = Owned::<f32>::random(&mut rng, n, k, bits, 32);
-            let x: Vec<f32> = rng.elems(m * k, 1.0);
-            let mut out = vec![0.0f32; m * n];
-            for (name, xp) in [
-                ("exact", XPrecision::Exact),
-                ("int16", XPrecision::Int16),
-                ("int8", XPrecision::Int8(Int8Tier::best())),
-            ] {
-                let mut run =
-                    || quantized_matmul_with(&x, w.matrix(), &mut out, m, n, k, xp).unwrap();
-                run();
-                let iters = (1_000_000_000 / (m * n * k)).clamp(3, 3000);
-                let t = std::time::Instant::now();
-                for _ in 0..iters {
-                    run();
-                }
-                let secs = t.elapsed().as_secs_f64() / iters as f64;
-                let bytes = w.w.len() * 4 + w.scales.len() * 8;
-                println!(
-                    "{m}x{k}->{n} {bits}-bit {name}: {:.1} us, {:.2} GB/s",
-                    secs * 1e6,
-                    bytes as f64 / secs / 1e9
-                );
-            }
-        }
     }
 }

@@ -21,7 +21,7 @@ use half::bf16;
 /// (their product may overflow to infinity); `w` may hold NaN or infinity.
 pub(crate) fn scale_mul_finite(x: &[bf16], s: f32, w: &[bf16], out: &mut [bf16]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::simd::has_avx2_fma() {
+    if crate::kernels::cpu::isa::has_avx2_fma() {
         // SAFETY: the required CPU features were detected above.
         unsafe { avx2::scale_mul_finite(x, s, w, out) };
         return true;
@@ -86,7 +86,8 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::{self, test_util::Rng};
+    use crate::kernels::cpu::simd;
+    use crate::kernels::cpu::test_util::Rng;
 
     /// The shuffle-free body against `simd::scale_mul_to`, bit for bit;
     /// false (nothing compared) without AVX2.

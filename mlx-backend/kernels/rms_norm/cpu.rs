@@ -269,7 +269,7 @@ pub(crate) fn rms_norm_residual_cpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::simd::test_util::{tol_eps, Rng};
+    use crate::kernels::cpu::test_util::{tol_eps, Rng};
     use half::{bf16, f16};
 
     fn reference<T: Element>(x: &[T], w: &[T], eps: f32) -> Vec<f32> {

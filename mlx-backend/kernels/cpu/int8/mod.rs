@@ -36,7 +36,7 @@ mod tests;
 pub(crate) use tier::Int8Tier;
 
 use super::error::KernelError;
-use super::quant::{Layout, QRow, QView};
+use super::layout::{Layout, QRow, QView};
 use super::simd::Element;
 
 /// Values per quantization block of x.
@@ -163,7 +163,7 @@ fn quantize_row(
     lane_d: &mut [f32],
     mut block_sum: impl FnMut(usize, f32),
 ) {
-    let avx = super::simd::has_avx2_f16c();
+    let avx = super::isa::has_avx2_f16c();
     let mut qb = [0i8; BLOCK];
     for (b, xb) in x.chunks_exact(BLOCK).enumerate() {
         let xb: &[f32; BLOCK] = xb.try_into().expect("chunks_exact");

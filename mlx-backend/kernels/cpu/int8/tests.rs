@@ -5,7 +5,7 @@
 //! CPU has.
 
 use super::*;
-use crate::kernels::cpu::simd::test_util::Rng;
+use crate::kernels::cpu::test_util::Rng;
 use half::{bf16, f16};
 
 struct Weights<P> {
@@ -228,7 +228,7 @@ fn quantizers_agree_and_round_ties_to_even() {
     for x in &blocks {
         let (mut a, mut b) = ([0i8; BLOCK], [0i8; BLOCK]);
         let scalar = quantize_block(x, &mut a, false);
-        let simd = quantize_block(x, &mut b, crate::kernels::cpu::simd::has_avx2_f16c());
+        let simd = quantize_block(x, &mut b, crate::kernels::cpu::isa::has_avx2_f16c());
         assert_eq!(scalar, simd);
         assert_eq!(a, b);
         let (q, d) = reference_q8(x);
@@ -237,7 +237,7 @@ fn quantizers_agree_and_round_ties_to_even() {
     }
     let tie = &blocks[50];
     let (mut q, _) = ([0i8; BLOCK], 0);
-    quantize_block(tie, &mut q, crate::kernels::cpu::simd::has_avx2_f16c());
+    quantize_block(tie, &mut q, crate::kernels::cpu::isa::has_avx2_f16c());
     assert_eq!(&q[1..5], &[-14, -14, -12, -12]);
 }
 
@@ -279,39 +279,4 @@ fn prepare_into_reuses_buffers_and_zero_blocks_quantize_to_zero() {
     assert_eq!(a.row(0).q, &first[..]);
     // Block 1 sits in chunk 0, second half: its d is 0 and its values are 0.
     assert_eq!(&a.row(0).lane_d[4..8], &[0.0; 4]);
-}
-
-/// Raw speed of the pieces, without MLX:
-/// `cargo test --release --lib -- --ignored --nocapture int8_pieces`
-#[test]
-#[ignore]
-fn int8_pieces() {
-    let mut rng = Rng::new(1);
-    let time = |iters: usize, f: &mut dyn FnMut()| {
-        f();
-        let t = std::time::Instant::now();
-        for _ in 0..iters {
-            f();
-        }
-        t.elapsed().as_secs_f64() / iters as f64 * 1e6
-    };
-    for (m, k, n, bits) in [(1, 576, 1536, 4), (1, 576, 49152, 8), (64, 576, 1536, 4)] {
-        let w = Weights::<f32>::random(&mut rng, n, k, bits, 32);
-        let x: Vec<f32> = rng.elems(m * k, 1.0);
-        let mut xs = Q8Activations::prepare(x.chunks(k), &w.lay);
-        let prep = time(200, &mut || xs.prepare_into(x.chunks(k), &w.lay));
-        let mut out = vec![0.0f32; n * m];
-        let tier = Int8Tier::best();
-        let dot = if m == 1 {
-            time(20, &mut || {
-                dot_rows(xs.row(0), &w.view(), 0, &mut out, tier).unwrap()
-            })
-        } else {
-            time(50, &mut || {
-                dot_tile(&xs, &w.view(), 0, &mut out, tier).unwrap()
-            })
-        };
-        let gmacs = (m * n * k) as f64 / dot / 1e3;
-        println!("{m}x{k}->{n} q{bits}: prepare {prep:.1} us, dot {dot:.1} us ({gmacs:.1} GMAC/s)");
-    }
 }

@@ -56,7 +56,7 @@ impl Int8Tier {
 fn supported(kind: Kind) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        let avx2 = crate::kernels::cpu::simd::has_avx2_f16c();
+        let avx2 = crate::kernels::cpu::isa::has_avx2_f16c();
         match kind {
             Kind::Scalar => true,
             Kind::Avx2 => avx2,

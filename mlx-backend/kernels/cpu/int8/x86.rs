@@ -3,8 +3,8 @@
 
 use super::tier::Kind;
 use super::{Int8Tier, Q8Row, BLOCK};
-use crate::kernels::cpu::quant::x86::lane_params;
-use crate::kernels::cpu::quant::{Layout, QRow, QView};
+use crate::kernels::cpu::layout::{Layout, QRow, QView};
+use crate::kernels::cpu::rowwise::x86::lane_params;
 use crate::kernels::cpu::simd::avx2::hsum;
 use crate::kernels::cpu::simd::Element;
 use std::arch::x86_64::*;

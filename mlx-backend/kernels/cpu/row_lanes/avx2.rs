@@ -9,10 +9,10 @@
 
 use super::x86::{region, Prefetch};
 use super::{GroupInt16Rows, OutStrides, QView};
-use crate::kernels::cpu::qdot256::x86::int16_field;
-use crate::kernels::cpu::qdot512::INT16_MAX;
-use crate::kernels::cpu::quant::Layout;
+use crate::kernels::cpu::layout::Layout;
+use crate::kernels::cpu::layout::INT16_MAX;
 use crate::kernels::cpu::simd::Element;
+use crate::kernels::cpu::unpack::avx2::int16_field;
 use std::arch::x86_64::*;
 use std::ops::Range;
 

@@ -6,6 +6,8 @@
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
+use super::isa::{has_avx2_f16c, has_avx2_fma};
+
 /// A storage dtype; all arithmetic happens in f32.
 pub trait Element: Lanes + Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
@@ -92,33 +94,6 @@ pub(crate) fn prefetch_lines(start: *const i8, bytes: usize) {
     }
 }
 
-/// True when the AVX2+FMA bodies may run (std caches the CPUID probe).
-#[inline]
-pub fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// True when the fused conversion kernels may run: AVX2 and FMA, plus F16C
-/// for the f16 conversions (std caches the CPUID probe).
-#[inline]
-pub fn has_avx2_f16c() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        has_avx2_fma() && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `Σ f32(x[i])²`, converting on the fly (reassociated; FMA allowed).
 pub fn sum_squares_of<T: Element>(x: &[T]) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -201,7 +176,7 @@ pub fn dot2(x: &[f32], a: &[f32], b: &[f32]) -> (f32, f32) {
 /// `[x·w[0], x·w[1], x·w[2], x·w[3]]` reading `x` once (reassociated; FMA allowed).
 pub fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
-    if x.len() >= 16 && super::qdot512::available() {
+    if x.len() >= 16 && super::isa::avx512_available() {
         // SAFETY: AVX-512F was detected.
         return unsafe { avx512::dot4(x, w) };
     }
@@ -678,181 +653,4 @@ pub(crate) mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::test_util::Rng;
-    use super::*;
-
-    /// f32 bit patterns: random ones plus ties, overflow, infinities, NaNs
-    /// and subnormals.
-    fn patterns() -> Vec<f32> {
-        let mut rng = Rng::new(0xb16b_00b5);
-        let special = [
-            0x0000_0000u32,
-            0x8000_0000,
-            0x3F80_8000, // tie, even below: stays
-            0x3F81_8000, // tie, odd below: rounds up
-            0x3F80_8001,
-            0x7F7F_FFFF, // rounds to infinity
-            0xFF7F_FFFF,
-            0x7F80_0000,
-            0xFF80_0000,
-            0x7FC0_0000,
-            0x7F80_0001, // signalling NaN: made quiet
-            0xFFFF_FFFF,
-            0x0000_0001,
-            0x0080_7FFF,
-        ];
-        let mut v: Vec<f32> = special.iter().map(|&b| f32::from_bits(b)).collect();
-        v.extend((0..100_000).map(|_| f32::from_bits(rng.next_u32())));
-        v.extend((0..1000).map(|i| i as f32 * 0.37 - 185.0));
-        v
-    }
-
-    /// The vector rounding (`Lanes::round_store8` / `round8`) and widening
-    /// (`load_f32`) against `half`'s scalar conversions, bit for bit.
-    fn round_trips_like_scalar<T: Element>() {
-        let src = patterns();
-        let n = src.len() / 8 * 8;
-        let mut got = vec![T::from_f32(0.0); n];
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2_f16c() {
-            use std::arch::x86_64::_mm256_loadu_ps;
-            for (i, c) in src[..n].chunks_exact(8).enumerate() {
-                // SAFETY: features detected; 8 elements on each side.
-                unsafe {
-                    let v = _mm256_loadu_ps(c.as_ptr());
-                    let r = T::round_store8(got.as_mut_ptr().add(8 * i), v);
-                    let r2 = T::round8(v);
-                    let (mut a, mut b) = ([0.0f32; 8], [0.0f32; 8]);
-                    std::arch::x86_64::_mm256_storeu_ps(a.as_mut_ptr(), r);
-                    std::arch::x86_64::_mm256_storeu_ps(b.as_mut_ptr(), r2);
-                    for j in 0..8 {
-                        let want = T::from_f32(c[j]).to_f32().to_bits();
-                        assert_eq!(a[j].to_bits(), want, "round_store8 {:#x}", c[j].to_bits());
-                        assert_eq!(b[j].to_bits(), want, "round8 {:#x}", c[j].to_bits());
-                    }
-                }
-            }
-        }
-        for (g, s) in got.iter_mut().zip(&src) {
-            *g = T::from_f32(*s);
-        }
-        // Widening, with tails of every size.
-        for len in [n, n - 3, 7] {
-            let mut back = vec![0.0f32; len];
-            T::load_f32(&got[..len], &mut back);
-            for (b, g) in back.iter().zip(&got) {
-                assert_eq!(b.to_bits(), g.to_f32().to_bits());
-            }
-        }
-        // The fused scaling rounds like the scalar expression.
-        let ones = vec![T::from_f32(1.0); n - 5];
-        let mut out = vec![T::from_f32(0.0); n - 5];
-        scale_mul_to(&got[..n - 5], 0.75, &ones, &mut out);
-        for (i, (o, g)) in out.iter().zip(&got).enumerate() {
-            let want = T::from_f32(T::from_f32(g.to_f32() * 0.75).to_f32()).to_f32();
-            assert_eq!(o.to_f32().to_bits(), want.to_bits(), "scale_mul_to {i}");
-        }
-    }
-
-    /// Every length class: below 16 (AVX2), whole and partial 16-lane blocks.
-    #[test]
-    fn dot4_matches_f64() {
-        let mut rng = Rng::new(0xd4);
-        for n in [3, 8, 15, 16, 17, 64, 100] {
-            let x: Vec<f32> = rng.elems(n, 1.0);
-            let w: Vec<Vec<f32>> = (0..4).map(|_| rng.elems(n, 1.0)).collect();
-            let got = dot4(&x, [&w[0], &w[1], &w[2], &w[3]]);
-            for (g, wr) in got.iter().zip(&w) {
-                let want: f64 = x.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                assert!((*g as f64 - want).abs() < 1e-5, "n {n}: {g} vs {want}");
-            }
-        }
-    }
-
-    #[test]
-    fn bf16_conversions_match_half() {
-        round_trips_like_scalar::<bf16>();
-    }
-
-    #[test]
-    fn f16_conversions_match_half() {
-        round_trips_like_scalar::<f16>();
-    }
-
-    #[test]
-    fn fused_sum_of_squares_and_add() {
-        let mut rng = Rng::new(7);
-        for n in [0, 1, 9, 31, 64, 1000] {
-            let x: Vec<bf16> = rng.elems(n, 3.0);
-            let r: Vec<bf16> = rng.elems(n, 3.0);
-            let want: f64 = x.iter().map(|v| (v.to_f32() as f64).powi(2)).sum();
-            let got = sum_squares_of(&x) as f64;
-            assert!(
-                (got - want).abs() <= 1e-5 * want.max(1.0),
-                "{n}: {got} vs {want}"
-            );
-            let mut sum = vec![bf16::ZERO; n];
-            let ss = add_to_sum_squares(&x, &r, &mut sum) as f64;
-            let mut want_ss = 0.0f64;
-            for i in 0..n {
-                let s = bf16::from_f32(x[i].to_f32() + r[i].to_f32());
-                assert_eq!(sum[i].to_bits(), s.to_bits(), "{n}: sum {i}");
-                want_ss += (s.to_f32() as f64).powi(2);
-            }
-            assert!(
-                (ss - want_ss).abs() <= 1e-5 * want_ss.max(1.0),
-                "{n}: {ss} vs {want_ss}"
-            );
-        }
-    }
-}
-
-#[cfg(test)]
-pub(crate) mod test_util {
-    use super::Element;
-    use std::any::TypeId;
-
-    /// xorshift64*: deterministic, dependency-free test data.
-    pub struct Rng(u64);
-
-    impl Rng {
-        pub fn new(seed: u64) -> Self {
-            Rng(seed | 1)
-        }
-        pub fn next_u64(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        pub fn next_u32(&mut self) -> u32 {
-            (self.next_u64() >> 32) as u32
-        }
-        /// Uniform in `[-amp, amp]`, never zero once rounded to T.
-        pub fn elem<T: Element>(&mut self, amp: f32) -> T {
-            loop {
-                let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-                let v = T::from_f32((2.0 * u - 1.0) * amp);
-                if v.to_f32() != 0.0 {
-                    return v;
-                }
-            }
-        }
-        pub fn elems<T: Element>(&mut self, n: usize, amp: f32) -> Vec<T> {
-            (0..n).map(|_| self.elem(amp)).collect()
-        }
-    }
-
-    /// Relative precision of T (one ulp at 1.0 for f16/bf16, a few for f32).
-    pub fn tol_eps<T: Element>() -> f32 {
-        let id = TypeId::of::<T>();
-        if id == TypeId::of::<half::f16>() {
-            1.0 / 1024.0
-        } else if id == TypeId::of::<half::bf16>() {
-            1.0 / 128.0
-        } else {
-            1e-6
-        }
-    }
-}
+mod tests;

@@ -27,34 +27,16 @@
 //! through `vmaskmov` loads.
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
-use super::qdot512::OutStrides;
-use super::quant::{PreparedX, QView};
-use super::simd::Element;
-
-/// Weight rows per pass over the chunks of x rows (a tile's rows stay in
-/// cache while every x row meets them).
-const TILE: usize = 16;
-
-/// True when the AVX2 bodies may run (AVX2, FMA and F16C).
-#[inline]
-pub(crate) fn available() -> bool {
-    super::simd::has_avx2_f16c()
-}
-
-/// True when int16-class x in 8 lanes may take `vpmaddwd` here: AVX2 runs
-/// and `MLX_BACKEND_INT16_AVX2` is not `0`/`off`/`false` (read once; off,
-/// int16-class x computes exactly on CPUs without AVX-512). Where AVX-512
-/// runs, x is prepared in 16 lanes and this kernel is not used.
-pub(crate) fn int16_available() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| available() && !super::switched_off("MLX_BACKEND_INT16_AVX2"))
-}
+use super::TILE;
+use crate::kernels::cpu::isa;
+use crate::kernels::cpu::layout::{OutStrides, QView};
+use crate::kernels::cpu::prepare::PreparedX;
+use crate::kernels::cpu::simd::Element;
 
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for every prepared x
 /// row `i` in `xrows` and weight row `r` in `rows`, written at `strides`
-/// (as [`super::qdot512::dot_rows`]).
+/// (as [`super::avx512::dot_rows`]).
 ///
 /// # Panics
 /// Without AVX2, when `px` was not prepared with 8 lanes for `w`'s layout,
@@ -68,7 +50,10 @@ pub(crate) fn dot_rows<P: Element>(
     strides: OutStrides,
 ) {
     let lay = &w.lay;
-    assert!(available(), "qdot256::dot_rows needs AVX2, FMA and F16C");
+    assert!(
+        isa::avx2_available(),
+        "blocked::avx2::dot_rows needs AVX2, FMA and F16C"
+    );
     assert_eq!(px.lanes, 8, "x must be prepared with 8 lanes");
     assert!(
         px.group16.is_none() && px.bf16.is_none() && px.amx.is_none(),
@@ -81,7 +66,10 @@ pub(crate) fn dot_rows<P: Element>(
     match &px.int16 {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {
-            assert!(int16_available(), "int16 x needs the AVX2 int16 kernel");
+            assert!(
+                isa::avx2_int16_available(),
+                "int16 x needs the AVX2 int16 kernel"
+            );
             x16.check(px.rows, lay, 8);
         }
     }
@@ -103,29 +91,12 @@ pub(crate) fn dot_rows<P: Element>(
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{OutStrides, PreparedX, QView, TILE};
-    use crate::kernels::cpu::quant::Layout;
+    use crate::kernels::cpu::layout::Layout;
     use crate::kernels::cpu::simd::avx2::hsum;
     use crate::kernels::cpu::simd::{prefetch_lines, Element};
+    use crate::kernels::cpu::unpack::avx2::int16_field;
     use std::arch::x86_64::*;
     use std::ops::Range;
-
-    /// Field `p` of each 16-bit half of packed `BITS`-bit words as int16
-    /// lanes, as `qdot512::x86::int16_field` (the top field of a half by one
-    /// 16-bit shift, no mask).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    pub(crate) fn int16_field<const BITS: u32>(w: __m256i, p: usize) -> __m256i {
-        let field = _mm256_set1_epi32(if BITS == 4 { 0x000F_000F } else { 0x00FF_00FF });
-        match (BITS, p) {
-            (4, 3) => _mm256_srli_epi16::<12>(w),
-            (8, 1) => _mm256_srli_epi16::<8>(w),
-            (_, 0) => _mm256_and_si256(w, field),
-            _ => _mm256_and_si256(
-                _mm256_srlv_epi32(w, _mm256_set1_epi32((BITS as usize * p) as i32)),
-                field,
-            ),
-        }
-    }
 
     /// Software prefetch distance in bytes past the end of the weight rows
     /// being read (see [`kernel`]).
@@ -264,7 +235,7 @@ pub(crate) mod x86 {
         }
     }
 
-    /// An int16 x row: pairs and per-word scales ([`super::super::qdot512::Int16Rows`]).
+    /// An int16 x row: pairs and per-word scales ([`crate::kernels::cpu::prepare::Int16Rows`]).
     #[derive(Clone, Copy)]
     pub(super) struct I16Row<'x> {
         pairs: &'x [i32],
@@ -589,97 +560,15 @@ pub(crate) mod x86 {
         }
         d
     }
-
-    /// One row of x in f32 block order (8 lanes, `vpw` values per word) to
-    /// int16 pairs and per-word scales ([`super::super::qdot512::Int16Rows`]'s
-    /// layout), with the AVX-512 body's arithmetic: per word the largest |x|
-    /// sets the scale; NaN in a word makes its scale NaN, and a zero or
-    /// non-finite largest |x| rounds the word to zeros.
-    ///
-    /// # Safety
-    /// Needs AVX2; `x` holds `scales.len() · vpw` values and `pairs`
-    /// `scales.len() · vpw / 2`.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn quantize_row(
-        x: &[f32],
-        vpw: usize,
-        pairs: &mut [i32],
-        scales: &mut [f32],
-    ) {
-        let half = vpw / 2;
-        let words = scales.len();
-        assert!(x.len() >= words * vpw && pairs.len() >= words * half);
-        let max_q = _mm256_set1_ps(super::super::qdot512::INT16_MAX);
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-        let low = _mm256_set1_epi32(0xffff);
-        let full = words / 8 * 8;
-        for b0 in (0..full).step_by(8) {
-            let base = b0 * vpw;
-            // SAFETY (loads and stores): the block holds vpw · 8 values and
-            // half · 8 pairs, inside the asserted lengths.
-            let load = |v: usize| unsafe { _mm256_loadu_ps(x.as_ptr().add(base + v * 8)) };
-            let (mut max, mut nan) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for v in 0..vpw {
-                let xv = load(v);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(xv, xv));
-                max = _mm256_max_ps(max, _mm256_and_ps(xv, abs));
-            }
-            let finite = _mm256_andnot_ps(
-                nan,
-                _mm256_and_ps(
-                    _mm256_cmp_ps::<_CMP_GT_OQ>(max, _mm256_setzero_ps()),
-                    _mm256_cmp_ps::<_CMP_LT_OQ>(max, _mm256_set1_ps(f32::INFINITY)),
-                ),
-            );
-            let inv = _mm256_and_ps(finite, _mm256_div_ps(max_q, max));
-            let scale = _mm256_blendv_ps(_mm256_div_ps(max, max_q), _mm256_set1_ps(f32::NAN), nan);
-            unsafe { _mm256_storeu_ps(scales.as_mut_ptr().add(b0), scale) };
-            for p in 0..half {
-                let lo = _mm256_cvtps_epi32(_mm256_mul_ps(load(p), inv));
-                let hi = _mm256_cvtps_epi32(_mm256_mul_ps(load(p + half), inv));
-                let pair = _mm256_or_si256(_mm256_and_si256(lo, low), _mm256_slli_epi32::<16>(hi));
-                unsafe {
-                    _mm256_storeu_si256(pairs.as_mut_ptr().add(b0 * half + p * 8).cast(), pair)
-                };
-            }
-        }
-        // The short final block (lanes < 8), with the same arithmetic.
-        let lanes = words - full;
-        for j in 0..lanes {
-            let base = full * vpw;
-            let value = |v: usize| x[base + v * lanes + j];
-            let nan = (0..vpw).any(|v| value(v).is_nan());
-            let max = (0..vpw).fold(0.0f32, |m, v| m.max(value(v).abs()));
-            let finite = !nan && max > 0.0 && max < f32::INFINITY;
-            let inv = if finite {
-                super::super::qdot512::INT16_MAX / max
-            } else {
-                0.0
-            };
-            scales[full + j] = if nan {
-                f32::NAN
-            } else {
-                max / super::super::qdot512::INT16_MAX
-            };
-            // `vcvtps2dq` rounds to nearest even; NaN (x non-finite, `inv`
-            // zero) gives i32::MIN there and 0 here: both pack to 0.
-            let round = |v: f32| (v * inv).round_ties_even() as i32;
-            for p in 0..half {
-                pairs[full * half + p * lanes + j] =
-                    (round(value(p)) & 0xffff) | (round(value(p + half)) << 16);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::qdot512::tests::{check_against_f64, random};
-    use crate::kernels::cpu::quant::Layout;
-    use crate::kernels::cpu::simd::test_util::Rng;
+    use crate::kernels::cpu::layout::Layout;
+    use crate::kernels::cpu::test_util::{check_against_f64, random, Rng};
 
-    /// `dot_rows` against an f64 reference (`qdot512`'s check): exact x
+    /// `dot_rows` against an f64 reference (`test_util::check_against_f64`): exact x
     /// within f32 rounding, int16 x also within half a step of its word.
     fn case<P: Element>(
         rng: &mut Rng,
@@ -702,7 +591,7 @@ mod tests {
 
     #[test]
     fn matches_f64_reference() {
-        if !available() {
+        if !isa::avx2_available() {
             return;
         }
         let mut rng = Rng::new(0x256);
@@ -722,7 +611,7 @@ mod tests {
             (5, 10, 384, 8, 128),
         ] {
             for int16 in [false, true] {
-                if int16 && !int16_available() {
+                if int16 && !isa::avx2_int16_available() {
                     continue;
                 }
                 case::<f32>(&mut rng, (m, n, k), bits, group, int16);
@@ -737,7 +626,7 @@ mod tests {
     /// infinity in x), and x holding a tiny value stays unscaled.
     #[test]
     fn prescaled_body_is_bit_identical() {
-        if !available() {
+        if !isa::avx2_available() {
             return;
         }
         let mut rng = Rng::new(0x5ca1e);
@@ -790,7 +679,7 @@ mod tests {
     /// reaches its row only, in a whole block and in a short one.
     #[test]
     fn int16_rounding_is_small_but_present() {
-        if !int16_available() {
+        if !isa::avx2_int16_available() {
             return;
         }
         let mut rng = Rng::new(0x16);
@@ -827,27 +716,5 @@ mod tests {
             let out = run(&x, true);
             assert!(out[..n].iter().all(|v| !v.is_finite()));
         }
-    }
-
-    /// Single-thread speed at the default model's shapes (f16 scales and
-    /// biases, as loaded), weights in cache, exact and int16 x, against the
-    /// previous AVX2 body (two weight rows per pass, one x row at a time):
-    /// `cargo test --release --lib qdot256::tests::speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn speed() {
-        if !available() {
-            return;
-        }
-        crate::kernels::cpu::qdot512::tests::speed_table(
-            |x, lay, int16| {
-                if int16 {
-                    PreparedX::with_lanes(x.chunks_exact(lay.k), lay, 8, true)
-                } else {
-                    PreparedX::prescaled_with_lanes(x.chunks_exact(lay.k), lay)
-                }
-            },
-            int16_available(),
-        );
     }
 }

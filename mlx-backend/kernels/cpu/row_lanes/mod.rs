@@ -26,8 +26,8 @@
 
 use std::ops::Range;
 
-use super::qdot512::OutStrides;
-use super::quant::{Layout, QView};
+use super::layout::OutStrides;
+use super::layout::{Layout, QView};
 use super::simd::Element;
 
 /// x rows from which [`PreparedX`](super::quant::PreparedX) takes this
@@ -47,7 +47,7 @@ pub(crate) fn min_rows() -> usize {
 /// `0`/`off`/`false` (read once).
 pub(crate) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !super::switched_off("MLX_BACKEND_ROW_LANES") && Body::best().is_some())
+    *ON.get_or_init(|| !super::isa::switched_off("MLX_BACKEND_ROW_LANES") && Body::best().is_some())
 }
 
 /// The kernel's bodies: 16 weight rows per vector with `vpdpwssd`, or 8
@@ -75,10 +75,10 @@ impl Body {
         static BODIES: std::sync::OnceLock<Vec<Body>> = std::sync::OnceLock::new();
         BODIES.get_or_init(|| {
             let mut bodies = Vec::new();
-            if super::qdot256::int16_available() {
+            if super::isa::avx2_int16_available() {
                 bodies.push(Body::Avx2);
             }
-            if super::qdot512::int16_available() {
+            if super::isa::avx512_int16_available() {
                 bodies.push(Body::Avx512Vnni);
             }
             bodies
@@ -260,9 +260,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Background, GroupInt16Rows, OutStrides, QView, BACKGROUND_PER_GROUP};
-    use crate::kernels::cpu::qdot512::x86::{dpwssd_bcst, int16_field, load_params};
-    use crate::kernels::cpu::qdot512::INT16_MAX;
+    use crate::kernels::cpu::layout::INT16_MAX;
     use crate::kernels::cpu::simd::Element;
+    use crate::kernels::cpu::unpack::avx512::{dpwssd_bcst, int16_field, load_params};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -273,7 +273,7 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) unsafe fn quantize_row(
         x: &[f32],
-        lay: &crate::kernels::cpu::quant::Layout,
+        lay: &crate::kernels::cpu::layout::Layout,
         pairs: &mut [i32],
         scales: &mut [f32],
     ) {
@@ -575,7 +575,7 @@ mod x86 {
         group_sums: &[f32],
         i0: usize,
         tile: &Tile,
-        lay: &crate::kernels::cpu::quant::Layout,
+        lay: &crate::kernels::cpu::layout::Layout,
         (prefetch, background): (&mut Prefetch<[(*const i8, usize); 3]>, &mut Background),
     ) -> [__m512; MR] {
         let (wt, scales, biases) = (tile.words, tile.scales, tile.biases);
@@ -617,8 +617,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu::qdot512::tests::{random, weight};
-    use crate::kernels::cpu::simd::test_util::Rng;
+    use crate::kernels::cpu::test_util::Rng;
+    use crate::kernels::cpu::test_util::{random, weight};
 
     /// `x [m, k]` rounded for the kernel by `body`'s code, and its exact
     /// group sums.
@@ -763,56 +763,6 @@ mod tests {
                 assert!(
                     row.iter().all(|v| v.is_nan() == (i == 2)),
                     "{body:?} row {i}"
-                );
-            }
-        }
-    }
-
-    /// Single thread, this kernel against the per-word one at the default
-    /// model's shapes (f16 params, 4-bit, group 32), weights cache-resident:
-    /// `cargo test --release --lib row_lanes::tests::speed -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn speed() {
-        use crate::kernels::cpu::quant::PreparedX;
-        if !enabled() {
-            return;
-        }
-        let mut rng = Rng::new(3);
-        for (n, k, bits) in [
-            (1536, 576, 4),
-            (576, 1536, 4),
-            (576, 576, 4),
-            (49152, 576, 8),
-        ] {
-            let lay = Layout::new(bits, 32, n, k).unwrap();
-            // Below `min_rows` x is never prepared for this kernel.
-            for m in [4, 8, 16, 64].into_iter().filter(|&m| m >= min_rows()) {
-                let (w, s, b, x) = random::<half::f16>(&mut rng, (m, n, k), &lay);
-                let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
-                let mut out = vec![0.0f32; m * n];
-                let st = OutStrides {
-                    x_stride: n,
-                    w_stride: 1,
-                };
-                let mut time = |lanes: bool| {
-                    let px = PreparedX::with_kernels(x.chunks_exact(k), &lay, true, false, lanes);
-                    assert_eq!(px.group16.is_some(), lanes);
-                    let reps = (200_000_000 / (m * n * k)).max(3);
-                    let mut best = f64::INFINITY;
-                    for _ in 0..3 {
-                        let t = std::time::Instant::now();
-                        for _ in 0..reps {
-                            crate::kernels::cpu::qdot::dot_rows(&px, 0..m, &wv, 0..n, &mut out, st);
-                        }
-                        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-                    }
-                    (m * n * k) as f64 / best / 1e9
-                };
-                let (word, lanes) = (time(false), time(true));
-                println!(
-                    "{n:5}x{k:<5} m={m:3}: per-word {word:6.1} GMAC/s, row lanes {lanes:6.1} GMAC/s ({:.2}x)",
-                    lanes / word
                 );
             }
         }
