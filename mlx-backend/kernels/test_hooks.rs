@@ -43,3 +43,178 @@ pub fn moe_combine_vjp(
 ) -> Result<Vec<Array>, OpError> {
     super::moe_combine::vjp(y, scores, cotangent, fused)
 }
+
+/// The CPU bodies without MLX, for `benches/cpu_kernels.rs`: quantized
+/// weights with f16 scales and biases as loaded, f32 x, the CPU team's
+/// threads (`MLX_BACKEND_THREADS`).
+pub mod cpu {
+    use crate::kernels::cpu::{dispatch, layout, prepare, XPrecision};
+    use crate::kernels::decoder_layer::attend;
+    use half::f16;
+
+    /// How the quantized bodies compute with x (`ActivationPrecision`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Precision {
+        /// f32 x.
+        Exact,
+        /// int16 x per word (or per group on 4+ rows).
+        Int16,
+        /// int8 x per block of 32 on this CPU's best tier.
+        Int8,
+    }
+
+    impl Precision {
+        fn resolve(self) -> XPrecision {
+            let code = match self {
+                Precision::Exact => crate::kernels::ActivationPrecision::Exact,
+                Precision::Int16 => crate::kernels::ActivationPrecision::Int16,
+                Precision::Int8 => crate::kernels::ActivationPrecision::Int8,
+            };
+            XPrecision::from_code(code.code()).expect("a known precision")
+        }
+    }
+
+    /// A random `[n, k]` MLX affine-quantized matrix: packed words, f16
+    /// scales and biases.
+    pub struct QuantWeights {
+        w: Vec<u32>,
+        scales: Vec<f16>,
+        biases: Vec<f16>,
+        bits: u32,
+        group_size: usize,
+        n: usize,
+        k: usize,
+    }
+
+    impl QuantWeights {
+        /// Seeded random weights of `bits` (4 or 8) per value in groups of
+        /// `group_size` columns.
+        pub fn random(seed: u64, n: usize, k: usize, bits: u32, group_size: usize) -> Self {
+            // xorshift64: deterministic data without a dependency.
+            let mut state = seed.max(1);
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            let groups = n * k / group_size;
+            let max_q = ((1u32 << bits) - 1) as f32;
+            let w = (0..n * k * bits as usize / 32)
+                .map(|_| next() as u32)
+                .collect();
+            let mut small = |amp: f32| {
+                let unit = (next() >> 40) as f32 / (1u64 << 24) as f32;
+                f16::from_f32((unit * 2.0 - 1.0) * amp)
+            };
+            let scales = (0..groups).map(|_| small(0.3 / max_q)).collect();
+            let biases = (0..groups).map(|_| small(0.15)).collect();
+            QuantWeights {
+                w,
+                scales,
+                biases,
+                bits,
+                group_size,
+                n,
+                k,
+            }
+        }
+
+        /// Bytes the bodies read per pass over the matrix.
+        pub fn bytes(&self) -> usize {
+            self.w.len() * 4 + (self.scales.len() + self.biases.len()) * 2
+        }
+
+        fn matrix(&self) -> layout::QuantMatrix<'_, f16> {
+            layout::QuantMatrix {
+                w: &self.w,
+                scales: &self.scales,
+                biases: &self.biases,
+                bits: self.bits,
+                group_size: self.group_size,
+            }
+        }
+
+        fn view(&self) -> layout::QView<'_, f16> {
+            let lay = layout::Layout::new(self.bits, self.group_size, self.n, self.k)
+                .expect("a valid layout");
+            layout::QView::new("w", &self.w, &self.scales, &self.biases, lay, 1)
+                .expect("a valid matrix")
+        }
+    }
+
+    /// `quantized_matmul`'s CPU body: `out [m, n] = x [m, k] · Wᵀ`.
+    pub fn quantized_matmul(x: &[f32], w: &QuantWeights, out: &mut [f32], m: usize, p: Precision) {
+        crate::kernels::quantized_matmul::cpu::quantized_matmul_with(
+            x,
+            w.matrix(),
+            out,
+            m,
+            w.n,
+            w.k,
+            p.resolve(),
+        )
+        .expect("valid arguments");
+    }
+
+    /// `gate_qmv_silu_mul`'s CPU body: `out = silu(x · gateᵀ) * (x · upᵀ)`.
+    pub fn gate_qmv_silu_mul(
+        x: &[f32],
+        gate: &QuantWeights,
+        up: &QuantWeights,
+        out: &mut [f32],
+        m: usize,
+    ) {
+        crate::kernels::gate_qmv_silu_mul::cpu::gate_qmv_silu_mul_with(
+            x,
+            gate.matrix(),
+            up.matrix(),
+            out,
+            m,
+            gate.n,
+            gate.k,
+            XPrecision::Exact,
+        )
+        .expect("valid arguments");
+    }
+
+    /// x rows prepared once for the blocked dot products (the body
+    /// [`PreparedRows::dot_rows`] then takes follows from the preparation).
+    pub struct PreparedRows(prepare::PreparedX);
+
+    impl PreparedRows {
+        /// `x [m, w.k]` for `w`: int16 or exact, with AMX tiles and the
+        /// per-group int16 body (`row_lanes`) allowed or not.
+        pub fn new(x: &[f32], w: &QuantWeights, int16: bool, amx: bool, row_lanes: bool) -> Self {
+            let lay = w.view().lay;
+            PreparedRows(prepare::PreparedX::with_kernels(
+                x.chunks_exact(w.k),
+                &lay,
+                int16,
+                amx,
+                row_lanes,
+            ))
+        }
+
+        /// True when a blocked body runs on this CPU.
+        pub fn available() -> bool {
+            dispatch::available()
+        }
+
+        /// `out [m, n]` = every prepared row against every row of `w`, one thread.
+        pub fn dot_rows(&self, w: &QuantWeights, out: &mut [f32]) {
+            let strides = layout::OutStrides {
+                x_stride: w.n,
+                w_stride: 1,
+            };
+            dispatch::dot_rows(&self.0, 0..self.0.rows, &w.view(), 0..w.n, out, strides);
+        }
+    }
+
+    /// Attention of `q`'s heads (`[heads, d]`, sharing one KV head) over
+    /// `keys` and `values` (`[s, d]`), as the decoder layer's CPU body runs it.
+    pub fn attend_heads(q: &[f32], keys: &[f32], values: &[f32], d: usize, out: &mut [f32]) {
+        let mut scores = Vec::new();
+        attend::attend_heads(q, keys, values, d, 0.125, &mut scores, out);
+    }
+}

@@ -26,7 +26,7 @@
 //! `fast::scaled_dot_product_attention`), which is also the graph the
 //! Primitive's vjp/jvp/vmap differentiate.
 
-mod attend;
+pub(crate) mod attend;
 mod bridge;
 pub(crate) mod cpu;
 
