@@ -37,7 +37,7 @@ const CHUNK: usize = 32;
 /// Fewest x rows worth the tiles. The grouped form costs about the same
 /// for 1 to 8 rows (its B tile has 8 rows' columns), the AVX-512 kernel
 /// grows with the rows: at 4 rows the tiles took 1.2–2× its time, at 8
-/// rows 0.7–0.95× (`amx::tests::speed`).
+/// rows 0.7–0.95× (`dot_rows` in `benches/cpu_kernels.rs`).
 pub(crate) const MIN_ROWS: usize = 8;
 
 /// True when AMX-BF16 may run: the CPU has it (and AVX-512 BF16 for the
@@ -66,7 +66,7 @@ enum Form {
     Dequantized,
 }
 
-/// x rows from which [`Form::Dequantized`] pays (`amx::tests::speed`: at
+/// x rows from which [`Form::Dequantized`] pays (`dot_rows` in `benches/cpu_kernels.rs`: at
 /// 16 rows it ran at the AVX-512 kernel's speed against 1.8× for the
 /// grouped form; at 128 and 256 rows 3.0× and 2.7× against 2.3× and 1.5×;
 /// the two met at 64).
@@ -226,7 +226,7 @@ fn slots(lay: &Layout, form: Form) -> Vec<i32> {
 }
 
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for x rows `xrows` of
-/// `ax` and weight rows `rows`: [`super::qdot512::dot_rows`]'s body for x on
+/// `ax` and weight rows `rows`: [`super::dispatch::dot_rows`]'s body for x on
 /// the tiles, called by it once it has bounded the ranges and `out`
 /// (non-empty).
 ///

@@ -169,7 +169,7 @@ pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     /// Field `p` of each 16-bit half of packed `BITS`-bit words as int16
-    /// lanes, as `qdot512::x86::int16_field` (the top field of a half by one
+    /// lanes, as `avx512::int16_field` (the top field of a half by one
     /// 16-bit shift, no mask).
     #[inline]
     #[target_feature(enable = "avx2")]

@@ -1,5 +1,5 @@
 //! AVX2 dot products of MLX affine-quantized weight rows with prepared x
-//! rows: [`super::qdot512`]'s register-blocked walk on 256-bit vectors, for
+//! rows: [`super::avx512`]'s register-blocked walk on 256-bit vectors, for
 //! x86-64 CPUs without AVX-512 (AMD Zen 1–3, Intel client cores).
 //!
 //! x comes in block order with 8 lanes ([`PreparedX`] built where
@@ -13,7 +13,7 @@
 //!   preparation ([`PreparedX::prescaled`], the default where this kernel
 //!   runs) the shift goes: the field is masked in place and its scale
 //!   lives in x, bit-identical sums.
-//! * Int16 x ([`super::qdot512::Int16Rows`] with 8 lanes, the
+//! * Int16 x ([`crate::kernels::cpu::prepare::Int16Rows`] with 8 lanes, the
 //!   `ActivationPrecision::Int16` class: each word's values rounded against
 //!   the word's own largest |x|): a 4-bit pair (values p and p + 4 of each
 //!   word, the low and high int16 of a lane) is one shift and one mask,

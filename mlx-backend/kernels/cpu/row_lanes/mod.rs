@@ -1,7 +1,7 @@
 //! Int16 x against affine-quantized weights with **one weight row per
 //! lane**: a 512-bit vector holds the same packed word of 16 weight rows,
 //! and each x pair it meets is broadcast. For 4 or more x rows on AVX-512
-//! VNNI this replaces [`super::qdot512`]'s int16 body, whose lanes are 16
+//! VNNI this replaces [`super::blocked::avx512`]'s int16 body, whose lanes are 16
 //! words of one weight row.
 //!
 //! Why: there, every block of 16 words ends with a per-lane epilogue for
@@ -30,11 +30,11 @@ use super::layout::OutStrides;
 use super::layout::{Layout, QView};
 use super::simd::Element;
 
-/// x rows from which [`PreparedX`](super::quant::PreparedX) takes this
+/// x rows from which [`PreparedX`](super::prepare::PreparedX) takes this
 /// kernel instead of the per-word one, by the body that runs: 4 on
 /// AVX-512 VNNI (at 2 rows the per-tile transposes outweigh what it
 /// saves), 8 on AVX2, where at 4 rows it ran 0.82–0.91× the per-word
-/// kernel (`tests::speed`, three shapes, three runs) and at 8 about even.
+/// kernel (`dot_rows` in `benches/cpu_kernels.rs`, three shapes, three runs) and at 8 about even.
 pub(crate) fn min_rows() -> usize {
     match Body::best() {
         Some(Body::Avx2) => 8,
@@ -60,7 +60,7 @@ pub(crate) enum Body {
 
 impl Body {
     /// The widest body this CPU runs, if any (the AVX2 one also needs the
-    /// AVX2 int16 kernel's switch on, [`super::qdot256::int16_available`]).
+    /// AVX2 int16 kernel's switch on, [`super::isa::avx2_int16_available`]).
     pub(crate) fn best() -> Option<Body> {
         Body::available().last().copied()
     }
@@ -157,7 +157,7 @@ impl GroupInt16Rows {
 
 /// `Σ_k x[i][k] · W[r][k]` for x rows `xrows` of `x` (`group_sums`: exact
 /// Σx per group, for the biases) and weight rows `rows` of `w`, into `out`
-/// at `strides` (as [`super::qdot512::dot_rows`]).
+/// at `strides` (as [`super::dispatch::dot_rows`]).
 ///
 /// # Panics
 /// Without a body ([`Body::best`]), when `x` was prepared for another `k`,
