@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use super::blocked;
 use super::layout::{OutStrides, QView};
-use super::prepare::PreparedX;
+use super::prepare::{PreparedX, XForm};
 use super::simd::Element;
 
 /// True when one of the blocked bodies runs on this CPU (otherwise the
@@ -37,23 +37,24 @@ pub(crate) fn dot_rows<P: Element>(
     out: &mut [f32],
     strides: OutStrides,
 ) {
-    if let Some(g16) = &px.group16 {
-        super::row_lanes::dot_rows(g16, &px.group_sums, xrows, w, rows, out, strides)
-    } else if let Some(ax) = &px.amx {
-        // AMX tiles are prepared only where AVX-512 runs (16 lanes).
-        assert!(
-            super::isa::avx512_available(),
-            "x on AMX tiles needs AVX-512F and AVX-512BW"
-        );
-        assert_eq!(px.lanes, 16, "x must be prepared with 16 lanes");
-        assert_eq!(px.group_sums.len(), px.rows * w.lay.groups_per_row);
-        if strides.check(&xrows, px.rows, w, &rows, out.len()) {
-            super::amx::dot_rows(ax, xrows, w, rows, out, strides)
+    match &px.form {
+        XForm::GroupInt16(g16) => {
+            super::row_lanes::dot_rows(g16, &px.group_sums, xrows, w, rows, out, strides)
         }
-    } else if px.lanes == 16 {
-        blocked::avx512::dot_rows(px, xrows, w, rows, out, strides)
-    } else {
-        blocked::avx2::dot_rows(px, xrows, w, rows, out, strides)
+        XForm::Amx(ax) => {
+            // AMX tiles are prepared only where AVX-512 runs (16 lanes).
+            assert!(
+                super::isa::avx512_available(),
+                "x on AMX tiles needs AVX-512F and AVX-512BW"
+            );
+            assert_eq!(px.lanes, 16, "x must be prepared with 16 lanes");
+            assert_eq!(px.group_sums.len(), px.rows * w.lay.groups_per_row);
+            if strides.check(&xrows, px.rows, w, &rows, out.len()) {
+                super::amx::dot_rows(ax, xrows, w, rows, out, strides)
+            }
+        }
+        _ if px.lanes == 16 => blocked::avx512::dot_rows(px, xrows, w, rows, out, strides),
+        _ => blocked::avx2::dot_rows(px, xrows, w, rows, out, strides),
     }
 }
 
@@ -80,8 +81,10 @@ impl RowMajorChunks {
     /// Chunks of `out [px.rows, n]`.
     pub(crate) fn new(px: &PreparedX, n: usize, parallel: bool) -> Self {
         let m = px.rows;
-        let per_task = match &px.amx {
-            Some(ax) if ax.dequantized() => m.div_ceil(2).next_multiple_of(super::amx::X_ROWS),
+        let per_task = match &px.form {
+            XForm::Amx(ax) if ax.dequantized() => {
+                m.div_ceil(2).next_multiple_of(super::amx::X_ROWS)
+            }
             _ => X_CHUNK.min(m.div_ceil(2)),
         };
         let len = match (m, parallel) {
@@ -137,14 +140,14 @@ mod tests {
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
         let px = PreparedX::with_amx(x.chunks_exact(k), &lay, int16, amx);
         let tiles = int16 && amx && m >= crate::kernels::cpu::amx::MIN_ROWS;
-        assert_eq!(px.amx.is_some(), tiles);
+        assert_eq!(matches!(px.form, XForm::Amx(_)), tiles);
         // Int16 x of 4+ rows off the tiles: one scale per group (row_lanes).
         let per_group = int16
             && !tiles
             && m >= crate::kernels::cpu::row_lanes::min_rows()
             && crate::kernels::cpu::row_lanes::enabled();
-        assert_eq!(px.int16.is_some(), int16 && !tiles && !per_group);
-        assert_eq!(px.group16.is_some(), per_group);
+        assert_eq!(px.int16().is_some(), int16 && !tiles && !per_group);
+        assert_eq!(matches!(px.form, XForm::GroupInt16(_)), per_group);
         let unit = if per_group { group } else { lay.vals_per_word };
         let what = format!("m={m} n={n} k={k} bits={bits} group={group} int16={int16} amx={amx}");
         check_against_f64(&x, &wv, int16.then_some(unit), &what, |xr, wr, out, st| {
@@ -222,7 +225,7 @@ mod tests {
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
         let run = |x: &[half::bf16]| {
             let px = PreparedX::new(x.chunks_exact(k), &lay, false);
-            assert!(px.bf16.is_some() && px.perm.is_empty());
+            assert!(px.bf16().is_some() && px.perm.is_empty());
             let (xr, wr) = (m / 3..m, 1..n);
             let stride = xr.len() + 3;
             let mut out = vec![f32::NAN; wr.len() * stride];

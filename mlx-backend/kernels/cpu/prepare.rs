@@ -8,38 +8,68 @@ use super::isa;
 use super::layout::{Layout, INT16_MAX};
 use super::simd::Element;
 
-/// x rows converted to f32 in block order, plus per-group sums of x
-/// (the bias contribution is `bias * sum(x over the group)`); or, for
-/// `ActivationPrecision::Int16` on the AVX-512 VNNI or AVX2 kernel, x as
-/// int16 pairs.
+/// x rows prepared once per call: per-group sums of x (the bias
+/// contribution is `bias * sum(x over the group)`) and x in the [`XForm`]
+/// of the body that will run.
 pub(crate) struct PreparedX {
-    /// f32 x in block order (empty when `int16` holds x).
+    /// f32 x in block order ([`XForm::F32`]; empty in the other forms).
     pub(crate) perm: Vec<f32>,
-    /// `perm`'s value `v` of each word scaled by `2^(-bits·v)` (the last
-    /// value of a word unscaled), for [`super::blocked::avx2`]'s exact body, which
-    /// then masks each weight field in place instead of shifting it down:
-    /// `(q·2^(bits·v)) · (x·2^(-bits·v))` is the same product exactly. Set
-    /// only where that kernel reads `perm` and no scaled value would lose
-    /// bits (every nonzero |x| at least 2^-100).
-    pub(crate) prescaled: bool,
     pub(crate) group_sums: Vec<f32>,
     pub(crate) rows: usize,
-    /// Words per block: 16 for [`super::blocked::avx512`], 8 for [`super::blocked::avx2`]
-    /// and the portable bodies here.
+    /// Words per block: 16 for [`super::blocked::avx512`], 8 for
+    /// [`super::blocked::avx2`] and the portable bodies.
     pub(crate) lanes: usize,
-    /// x quantized to int16 per word of W (see [`Int16Rows`]).
-    pub(crate) int16: Option<Int16Rows>,
-    /// Int16 x with one scale per group, for [`super::row_lanes`] (4 or
-    /// more rows on AVX-512 VNNI); `perm` and `int16` are then empty.
-    pub(crate) group16: Option<super::row_lanes::GroupInt16Rows>,
-    /// bf16 x exactly, for `vdpbf16ps` against 4-bit W (see
-    /// [`Bf16Rows`]): exact-mode calls whose x is bf16;
-    /// `perm` is then empty.
-    pub(crate) bf16: Option<Bf16Rows>,
+    /// The form x takes for its body ([`super::dispatch`] picks the body by it).
+    pub(crate) form: XForm,
+}
+
+/// The form of prepared x, one per kind of body.
+pub(crate) enum XForm {
+    /// f32 in block order (`perm`). `prescaled`: value `v` of each word
+    /// scaled by `2^(-bits·v)` (the last value of a word unscaled), for
+    /// [`super::blocked::avx2`]'s exact body, which then masks each weight
+    /// field in place instead of shifting it down: `(q·2^(bits·v)) ·
+    /// (x·2^(-bits·v))` is the same product exactly. Set only where that
+    /// body reads `perm` and no scaled value would lose bits (every nonzero
+    /// |x| at least 2^-100).
+    F32 { prescaled: bool },
+    /// x rounded to int16 per word of W, for the blocked bodies.
+    Int16(Int16Rows),
+    /// Int16 x with one scale per group, for [`super::row_lanes`] (its
+    /// minimum rows or more).
+    GroupInt16(super::row_lanes::GroupInt16Rows),
+    /// bf16 x exactly, for `vdpbf16ps` against 4-bit W: exact-mode calls
+    /// whose x is bf16.
+    Bf16(Bf16Rows),
     /// Int16-class x as AMX tiles (bf16 hi + lo; see [`super::amx`]), for
-    /// [`super::amx::MIN_ROWS`] or more rows where AMX runs; `perm` and
-    /// `int16` are then empty.
-    pub(crate) amx: Option<super::amx::AmxX>,
+    /// [`super::amx::MIN_ROWS`] or more rows where AMX runs.
+    Amx(super::amx::AmxX),
+}
+
+impl PreparedX {
+    /// Whether `perm` is prescaled for the AVX2 exact body.
+    #[inline]
+    pub(crate) fn prescaled(&self) -> bool {
+        matches!(self.form, XForm::F32 { prescaled: true })
+    }
+
+    /// The int16-per-word rows, in that form.
+    #[inline]
+    pub(crate) fn int16(&self) -> Option<&Int16Rows> {
+        match &self.form {
+            XForm::Int16(x16) => Some(x16),
+            _ => None,
+        }
+    }
+
+    /// The bf16 pairs, in that form.
+    #[inline]
+    pub(crate) fn bf16(&self) -> Option<&Bf16Rows> {
+        match &self.form {
+            XForm::Bf16(xb) => Some(xb),
+            _ => None,
+        }
+    }
 }
 
 impl PreparedX {
@@ -89,14 +119,10 @@ impl PreparedX {
                 let tiles = super::amx::AmxX::new(&natural, count, &group_sums, lay);
                 return PreparedX {
                     perm: Vec::new(),
-                    prescaled: false,
                     group_sums,
                     rows: count,
                     lanes,
-                    int16: None,
-                    group16: None,
-                    bf16: None,
-                    amx: Some(tiles),
+                    form: XForm::Amx(tiles),
                 };
             }
             let int16 = int16_kernel(lanes);
@@ -188,16 +214,18 @@ impl PreparedX {
             }
             count += 1;
         }
+        let form = match (g16, x16, xb) {
+            (Some(g16), _, _) => XForm::GroupInt16(g16),
+            (None, Some(x16), _) => XForm::Int16(x16),
+            (None, None, Some(xb)) => XForm::Bf16(xb),
+            (None, None, None) => XForm::F32 { prescaled },
+        };
         PreparedX {
             perm,
-            prescaled,
             group_sums,
             rows: count,
             lanes,
-            int16: x16,
-            group16: g16,
-            bf16: xb,
-            amx: None,
+            form,
         }
     }
 }

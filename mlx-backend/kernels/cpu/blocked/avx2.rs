@@ -31,7 +31,7 @@ use std::ops::Range;
 use super::TILE;
 use crate::kernels::cpu::isa;
 use crate::kernels::cpu::layout::{OutStrides, QView};
-use crate::kernels::cpu::prepare::PreparedX;
+use crate::kernels::cpu::prepare::{PreparedX, XForm};
 use crate::kernels::cpu::simd::Element;
 
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for every prepared x
@@ -56,14 +56,14 @@ pub(crate) fn dot_rows<P: Element>(
     );
     assert_eq!(px.lanes, 8, "x must be prepared with 8 lanes");
     assert!(
-        px.group16.is_none() && px.bf16.is_none() && px.amx.is_none(),
+        matches!(px.form, XForm::F32 { .. } | XForm::Int16(_)),
         "x prepared for another kernel"
     );
     assert_eq!(px.group_sums.len(), px.rows * lay.groups_per_row);
     if !strides.check(&xrows, px.rows, w, &rows, out.len()) {
         return;
     }
-    match &px.int16 {
+    match px.int16() {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {
             assert!(
@@ -77,7 +77,7 @@ pub(crate) fn dot_rows<P: Element>(
     // SAFETY: AVX2, FMA and F16C were detected; the asserts above bound every access.
     unsafe {
         use x86::{I16Row, Prescaled};
-        match (px.int16.is_some(), px.prescaled, lay.bits) {
+        match (px.int16().is_some(), px.prescaled(), lay.bits) {
             (false, true, 4) => x86::drive::<P, Prescaled, 4>(px, xrows, w, rows, out, strides),
             (false, true, _) => x86::drive::<P, Prescaled, 8>(px, xrows, w, rows, out, strides),
             (false, false, 4) => x86::drive::<P, &[f32], 4>(px, xrows, w, rows, out, strides),
@@ -244,7 +244,7 @@ pub(crate) mod x86 {
 
     impl<'x> XRow<'x> for I16Row<'x> {
         fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
-            let (pairs, scales) = px.int16.as_ref().expect("int16 x").row(i);
+            let (pairs, scales) = px.int16().expect("int16 x").row(i);
             I16Row { pairs, scales }
         }
 
@@ -581,7 +581,7 @@ mod tests {
         let (w, s, b, x) = random::<P>(rng, (m, n, k), &lay);
         let wv = QView::new("w", &w, &s, &b, lay, 1).unwrap();
         let px = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, int16);
-        assert_eq!(px.int16.is_some(), int16);
+        assert_eq!(px.int16().is_some(), int16);
         let what = format!("m={m} n={n} k={k} bits={bits} group={group} int16={int16}");
         let unit = int16.then_some(lay.vals_per_word);
         check_against_f64(&x, &wv, unit, &what, |xr, wr, out, st| {
@@ -653,13 +653,13 @@ mod tests {
             let what = format!("m={m} n={n} k={k} bits={bits}");
             let plain = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, false);
             let scaled = PreparedX::prescaled_with_lanes(x.chunks_exact(k), &lay);
-            assert!(!plain.prescaled && scaled.prescaled, "{what}");
+            assert!(!plain.prescaled() && scaled.prescaled(), "{what}");
             assert_eq!(run(&plain), run(&scaled), "{what}");
             x[k - 1] = f32::NAN;
             x[k / 2] = f32::INFINITY;
             let plain = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, false);
             let scaled = PreparedX::prescaled_with_lanes(x.chunks_exact(k), &lay);
-            assert!(scaled.prescaled);
+            assert!(scaled.prescaled());
             assert_eq!(run(&plain), run(&scaled), "{what} with NaN and inf");
             // A value that 2^-24 would make subnormal: the last row keeps
             // every row unscaled (earlier rows are scaled back).
@@ -668,7 +668,7 @@ mod tests {
             let plain = PreparedX::with_lanes(x.chunks_exact(k), &lay, 8, false);
             let bits = |px: &PreparedX| px.perm.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert!(
-                !scaled.prescaled && bits(&scaled) == bits(&plain),
+                !scaled.prescaled() && bits(&scaled) == bits(&plain),
                 "{what} tiny"
             );
         }

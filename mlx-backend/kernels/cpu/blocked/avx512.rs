@@ -35,7 +35,7 @@ use std::ops::Range;
 use super::TILE;
 use crate::kernels::cpu::isa;
 use crate::kernels::cpu::layout::{OutStrides, QView};
-use crate::kernels::cpu::prepare::PreparedX;
+use crate::kernels::cpu::prepare::{PreparedX, XForm};
 use crate::kernels::cpu::simd::Element;
 
 /// `Σ_k x[i][k] · W[r][k]` (scales and biases applied) for every prepared x
@@ -63,10 +63,13 @@ pub(crate) fn dot_rows<P: Element>(
         return;
     }
     assert!(
-        px.group16.is_none() && px.amx.is_none(),
+        matches!(
+            px.form,
+            XForm::F32 { .. } | XForm::Int16(_) | XForm::Bf16(_)
+        ),
         "x prepared for another body"
     );
-    if let Some(xb) = &px.bf16 {
+    if let Some(xb) = px.bf16() {
         assert!(
             isa::avx512_bf16_available() && lay.bits == 4,
             "bf16 pairs need AVX-512 BF16 and 4-bit W"
@@ -80,7 +83,7 @@ pub(crate) fn dot_rows<P: Element>(
         };
         return;
     }
-    match &px.int16 {
+    match px.int16() {
         None => assert_eq!(px.perm.len(), px.rows * lay.k),
         Some(x16) => {
             assert!(isa::avx512_int16_available(), "int16 x needs AVX-512 VNNI");
@@ -91,7 +94,7 @@ pub(crate) fn dot_rows<P: Element>(
     // SAFETY: the CPU features were detected; the asserts above bound every access.
     unsafe {
         use x86::I16Row;
-        match (px.int16.is_some(), lay.bits) {
+        match (px.int16().is_some(), lay.bits) {
             (false, 4) => x86::exact::drive::<P, &[f32], 4>(px, xrows, w, rows, out, strides),
             (false, _) => x86::exact::drive::<P, &[f32], 8>(px, xrows, w, rows, out, strides),
             (true, 4) => x86::vnni::drive::<P, I16Row, 4>(px, xrows, w, rows, out, strides),
@@ -179,7 +182,7 @@ pub(crate) mod x86 {
 
     impl<'x> XRow<'x> for I16Row<'x> {
         fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
-            let (pairs, scales) = px.int16.as_ref().expect("int16 x").row(i);
+            let (pairs, scales) = px.int16().expect("int16 x").row(i);
             I16Row { pairs, scales }
         }
 
@@ -227,7 +230,7 @@ pub(crate) mod x86 {
 
     impl<'x> XRow<'x> for Bf16Row<'x> {
         fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
-            let (pairs, offsets) = px.bf16.as_ref().expect("bf16 x").row(i);
+            let (pairs, offsets) = px.bf16().expect("bf16 x").row(i);
             Bf16Row { pairs, offsets }
         }
 
