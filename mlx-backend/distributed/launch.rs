@@ -55,6 +55,8 @@ pub struct LaunchConfig {
     /// How long the other ranks may take to finish once one rank has
     /// failed or rank 0 has exited, before they are killed.
     pub grace: Duration,
+    /// Environment variables set for every rank (besides the group's).
+    pub env: Vec<(String, String)>,
 }
 
 impl LaunchConfig {
@@ -68,6 +70,7 @@ impl LaunchConfig {
             hosts: None,
             all_stdout: false,
             grace: Duration::from_secs(10),
+            env: Vec::new(),
         }
     }
 }
@@ -257,12 +260,16 @@ fn plan(config: &LaunchConfig) -> Result<Plan, DistributedError> {
     Ok(Plan { envs, hostfile })
 }
 
-/// Start every rank, wait for all of them, and return the launch's exit
-/// code: 0 when every rank succeeded, else the first failing rank's code
-/// (a rank killed by a signal counts as 128 + the signal). When a rank
-/// fails, or rank 0 exits, the others get [`LaunchConfig::grace`] to finish
-/// and are then killed.
-pub fn launch(config: &LaunchConfig) -> Result<i32, DistributedError> {
+/// The started ranks. Dropping it kills the ranks still running and
+/// removes the generated hostfile.
+pub struct Ranks {
+    children: Vec<Option<Child>>,
+    hostfile: Option<PathBuf>,
+    grace: Duration,
+}
+
+/// Start every rank (see [`LaunchConfig`]) and return at once.
+pub fn spawn(config: &LaunchConfig) -> Result<Ranks, DistributedError> {
     if config.ranks == 0 {
         return Err(DistributedError::Launch {
             rank: 0,
@@ -271,75 +278,111 @@ pub fn launch(config: &LaunchConfig) -> Result<i32, DistributedError> {
         });
     }
     let plan = plan(config)?;
-    let result = run(config, &plan);
-    if let Some(path) = &plan.hostfile {
-        let _ = std::fs::remove_file(path);
-    }
-    result
-}
-
-fn run(config: &LaunchConfig, plan: &Plan) -> Result<i32, DistributedError> {
-    let mut children: Vec<Option<Child>> = Vec::with_capacity(config.ranks);
+    let mut ranks = Ranks {
+        children: Vec::with_capacity(config.ranks),
+        hostfile: plan.hostfile,
+        grace: config.grace,
+    };
     for (rank, env) in plan.envs.iter().enumerate() {
         let mut cmd = Command::new(&config.program);
-        cmd.args(&config.args).envs(env.iter().cloned());
+        cmd.args(&config.args)
+            .envs(config.env.iter().cloned())
+            .envs(env.iter().cloned());
         if rank > 0 && !config.all_stdout {
             cmd.stdout(Stdio::null());
         }
-        match cmd.spawn() {
-            Ok(c) => children.push(Some(c)),
-            Err(e) => {
-                kill_all(&mut children);
-                return Err(DistributedError::Launch {
+        let child = cmd.spawn().map_err(|e| DistributedError::Launch {
+            rank,
+            message: format!("starting {}", config.program.display()),
+            source: Some(Arc::new(e)),
+        })?;
+        ranks.children.push(Some(child));
+    }
+    Ok(ranks)
+}
+
+/// Start every rank, wait for all of them, and return the launch's exit
+/// code (see [`Ranks::wait`]).
+pub fn launch(config: &LaunchConfig) -> Result<i32, DistributedError> {
+    spawn(config)?.wait()
+}
+
+impl Ranks {
+    /// The process id of `rank`, while it runs.
+    pub fn pid(&self, rank: usize) -> Option<u32> {
+        self.children.get(rank)?.as_ref().map(Child::id)
+    }
+
+    /// Kill `rank` now (SIGKILL).
+    pub fn kill(&mut self, rank: usize) -> Result<(), DistributedError> {
+        let Some(Some(child)) = self.children.get_mut(rank) else {
+            return Ok(());
+        };
+        child.kill().map_err(|e| DistributedError::Launch {
+            rank,
+            message: "killing the rank".into(),
+            source: Some(Arc::new(e)),
+        })
+    }
+
+    /// Wait for every rank and return the launch's exit code: 0 when every
+    /// rank succeeded, else the first failing rank's code (a rank killed by
+    /// a signal counts as 128 + the signal). Once a rank fails or rank 0
+    /// exits, the others get the grace period to finish and are then killed.
+    pub fn wait(mut self) -> Result<i32, DistributedError> {
+        Ok(self.wait_codes()?.0)
+    }
+
+    /// As [`Ranks::wait`], with every rank's own exit code (`None`: killed
+    /// by the launcher after the grace period).
+    pub fn wait_codes(&mut self) -> Result<(i32, Vec<Option<i32>>), DistributedError> {
+        let mut codes: Vec<Option<i32>> = vec![None; self.children.len()];
+        let mut code: Option<i32> = None;
+        let mut deadline: Option<Instant> = None;
+        loop {
+            for (rank, slot) in self.children.iter_mut().enumerate() {
+                let Some(child) = slot else { continue };
+                let status = child.try_wait().map_err(|e| DistributedError::Launch {
                     rank,
-                    message: format!("starting {}", config.program.display()),
+                    message: "waiting for the rank".into(),
                     source: Some(Arc::new(e)),
-                });
+                })?;
+                let Some(status) = status else { continue };
+                *slot = None;
+                let c = exit_code(status);
+                codes[rank] = Some(c);
+                if c != 0 && code.is_none_or(|k| k == 0) {
+                    code = Some(c);
+                } else if code.is_none() && rank == 0 {
+                    code = Some(0);
+                }
+                if c != 0 || rank == 0 {
+                    deadline.get_or_insert(Instant::now() + self.grace);
+                }
             }
+            if self.children.iter().all(Option::is_none) {
+                return Ok((code.unwrap_or(0), codes));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                eprintln!("launch: ranks still running after the grace period; killing them");
+                kill_all(&mut self.children);
+                let code = match code {
+                    Some(0) | None => 1,
+                    Some(c) => c,
+                };
+                return Ok((code, codes));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let mut code: Option<i32> = None;
-    let mut deadline: Option<Instant> = None;
-    loop {
-        for (rank, slot) in children.iter_mut().enumerate() {
-            let Some(child) = slot else { continue };
-            let status = child.try_wait().map_err(|e| DistributedError::Launch {
-                rank,
-                message: "waiting for the rank".into(),
-                source: Some(Arc::new(e)),
-            });
-            match status {
-                Ok(Some(status)) => {
-                    *slot = None;
-                    let c = exit_code(status);
-                    if c != 0 && code.is_none_or(|k| k == 0) {
-                        code = Some(c);
-                    } else if code.is_none() && rank == 0 {
-                        code = Some(0);
-                    }
-                    if c != 0 || rank == 0 {
-                        deadline.get_or_insert(Instant::now() + config.grace);
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    kill_all(&mut children);
-                    return Err(e);
-                }
-            }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        kill_all(&mut self.children);
+        if let Some(path) = &self.hostfile {
+            let _ = std::fs::remove_file(path);
         }
-        if children.iter().all(Option::is_none) {
-            return Ok(code.unwrap_or(0));
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            eprintln!("launch: ranks still running after the grace period; killing them");
-            kill_all(&mut children);
-            return Ok(match code {
-                Some(0) | None => 1,
-                Some(c) => c,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -358,8 +401,10 @@ fn exit_code(status: ExitStatus) -> i32 {
 }
 
 fn kill_all(children: &mut [Option<Child>]) {
-    for child in children.iter_mut().flatten() {
-        let _ = child.kill();
-        let _ = child.wait();
+    for slot in children.iter_mut() {
+        if let Some(mut child) = slot.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -185,6 +185,12 @@ impl TensorParallelRunner {
         })
     }
 
+    /// Report `ids` as the ids that end generation in [`ModelRunner::info`]
+    /// (the model's merged with the tokenizer's, as a bundle does).
+    pub fn set_eos_token_ids(&mut self, ids: Vec<u32>) {
+        self.info.eos_token_ids = ids;
+    }
+
     /// The number of ranks in the group.
     pub fn ranks(&self) -> usize {
         self.ranks
