@@ -242,7 +242,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         None => {
             let bundle = ModelBundle::load(&path, &options, RunnerConfig::default())?;
             let (parts, runner) = bundle.with_runner(());
-            parts.with_runner(Box::new(runner) as Box<dyn ModelRunner>).0
+            parts
+                .with_runner(Box::new(runner) as Box<dyn ModelRunner>)
+                .0
         }
         Some(n) => {
             let config = RunnerConfig {
@@ -265,7 +267,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 TensorParallelPart::Leader(bundle) => {
                     let (parts, runner) = bundle.with_runner(());
-                    parts.with_runner(Box::new(runner) as Box<dyn ModelRunner>).0
+                    parts
+                        .with_runner(Box::new(runner) as Box<dyn ModelRunner>)
+                        .0
                 }
             }
         }

@@ -121,12 +121,8 @@ pub(crate) mod bridge {
         fn dist_group_clone(g: &DistGroup) -> UniquePtr<DistGroup>;
         fn dist_all_sum(x: &array, g: &DistGroup, s: StreamSpec) -> Result<UniquePtr<array>>;
         fn dist_all_gather(x: &array, g: &DistGroup, s: StreamSpec) -> Result<UniquePtr<array>>;
-        fn dist_send(
-            x: &array,
-            dst: i32,
-            g: &DistGroup,
-            s: StreamSpec,
-        ) -> Result<UniquePtr<array>>;
+        fn dist_send(x: &array, dst: i32, g: &DistGroup, s: StreamSpec)
+            -> Result<UniquePtr<array>>;
         fn dist_recv(
             shape: &[i32],
             dtype: i32,

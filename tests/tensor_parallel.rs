@@ -15,6 +15,7 @@ mod common;
 
 use mlx_backend::distributed::launch::{self, LaunchConfig};
 use mlx_backend::distributed::{Backend, DistributedError};
+use mlx_backend::kernels::{registry, ActivationPrecision, Kernel};
 use mlx_backend::model::{LoadOptions, ModelLoadError};
 use mlx_backend::ops::QuantSpec;
 use mlx_backend::runner::tensor_parallel::{self, Rank, LEADER_LOST_EXIT_CODE};
@@ -72,7 +73,12 @@ fn tiny_folder(family: Family, seed: u64) -> tempfile::TempDir {
         Family::Qwen2Moe => (true, false, true),
         Family::Qwen3Moe => (false, true, true),
     };
-    put("model.embed_tokens.weight".into(), &[VOCAB, HIDDEN], 1.0, 0.0);
+    put(
+        "model.embed_tokens.weight".into(),
+        &[VOCAB, HIDDEN],
+        1.0,
+        0.0,
+    );
     put("model.norm.weight".into(), &[HIDDEN], 0.1, 1.0);
     let tied = family != Family::Llama && family != Family::Qwen2Moe;
     if !tied {
@@ -86,36 +92,111 @@ fn tiny_folder(family: Family, seed: u64) -> tempfile::TempDir {
             ("v_proj", KV_HEADS * HEAD_DIM, HIDDEN),
             ("o_proj", HIDDEN, HEADS * HEAD_DIM),
         ] {
-            put(format!("{p}.self_attn.{name}.weight"), &[out, inp], w(inp), 0.0);
+            put(
+                format!("{p}.self_attn.{name}.weight"),
+                &[out, inp],
+                w(inp),
+                0.0,
+            );
             if qkv_bias && name != "o_proj" {
                 put(format!("{p}.self_attn.{name}.bias"), &[out], 0.2, 0.0);
             }
         }
         if qk_norm {
-            put(format!("{p}.self_attn.q_norm.weight"), &[HEAD_DIM], 0.1, 1.0);
-            put(format!("{p}.self_attn.k_norm.weight"), &[HEAD_DIM], 0.1, 1.0);
+            put(
+                format!("{p}.self_attn.q_norm.weight"),
+                &[HEAD_DIM],
+                0.1,
+                1.0,
+            );
+            put(
+                format!("{p}.self_attn.k_norm.weight"),
+                &[HEAD_DIM],
+                0.1,
+                1.0,
+            );
         }
         put(format!("{p}.input_layernorm.weight"), &[HIDDEN], 0.1, 1.0);
-        put(format!("{p}.post_attention_layernorm.weight"), &[HIDDEN], 0.1, 1.0);
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[HIDDEN],
+            0.1,
+            1.0,
+        );
         // Qwen2-MoE here: layer 0 dense, layer 1 sparse (decoder_sparse_step 2).
         let sparse = moe && (family == Family::Qwen3Moe || l == 1);
         if sparse {
             let sw = format!("{p}.mlp.switch_mlp");
-            put(format!("{p}.mlp.gate.weight"), &[EXPERTS, HIDDEN], w(HIDDEN), 0.0);
-            put(format!("{sw}.gate_proj.weight"), &[EXPERTS, MOE_INTER, HIDDEN], w(HIDDEN), 0.0);
-            put(format!("{sw}.up_proj.weight"), &[EXPERTS, MOE_INTER, HIDDEN], w(HIDDEN), 0.0);
-            put(format!("{sw}.down_proj.weight"), &[EXPERTS, HIDDEN, MOE_INTER], w(MOE_INTER), 0.0);
+            put(
+                format!("{p}.mlp.gate.weight"),
+                &[EXPERTS, HIDDEN],
+                w(HIDDEN),
+                0.0,
+            );
+            put(
+                format!("{sw}.gate_proj.weight"),
+                &[EXPERTS, MOE_INTER, HIDDEN],
+                w(HIDDEN),
+                0.0,
+            );
+            put(
+                format!("{sw}.up_proj.weight"),
+                &[EXPERTS, MOE_INTER, HIDDEN],
+                w(HIDDEN),
+                0.0,
+            );
+            put(
+                format!("{sw}.down_proj.weight"),
+                &[EXPERTS, HIDDEN, MOE_INTER],
+                w(MOE_INTER),
+                0.0,
+            );
             if family == Family::Qwen2Moe {
                 let se = format!("{p}.mlp.shared_expert");
-                put(format!("{se}.gate_proj.weight"), &[INTER, HIDDEN], w(HIDDEN), 0.0);
-                put(format!("{se}.up_proj.weight"), &[INTER, HIDDEN], w(HIDDEN), 0.0);
-                put(format!("{se}.down_proj.weight"), &[HIDDEN, INTER], w(INTER), 0.0);
-                put(format!("{p}.mlp.shared_expert_gate.weight"), &[1, HIDDEN], w(HIDDEN), 0.0);
+                put(
+                    format!("{se}.gate_proj.weight"),
+                    &[INTER, HIDDEN],
+                    w(HIDDEN),
+                    0.0,
+                );
+                put(
+                    format!("{se}.up_proj.weight"),
+                    &[INTER, HIDDEN],
+                    w(HIDDEN),
+                    0.0,
+                );
+                put(
+                    format!("{se}.down_proj.weight"),
+                    &[HIDDEN, INTER],
+                    w(INTER),
+                    0.0,
+                );
+                put(
+                    format!("{p}.mlp.shared_expert_gate.weight"),
+                    &[1, HIDDEN],
+                    w(HIDDEN),
+                    0.0,
+                );
             }
         } else {
-            put(format!("{p}.mlp.gate_proj.weight"), &[INTER, HIDDEN], w(HIDDEN), 0.0);
-            put(format!("{p}.mlp.up_proj.weight"), &[INTER, HIDDEN], w(HIDDEN), 0.0);
-            put(format!("{p}.mlp.down_proj.weight"), &[HIDDEN, INTER], w(INTER), 0.0);
+            put(
+                format!("{p}.mlp.gate_proj.weight"),
+                &[INTER, HIDDEN],
+                w(HIDDEN),
+                0.0,
+            );
+            put(
+                format!("{p}.mlp.up_proj.weight"),
+                &[INTER, HIDDEN],
+                w(HIDDEN),
+                0.0,
+            );
+            put(
+                format!("{p}.mlp.down_proj.weight"),
+                &[HIDDEN, INTER],
+                w(INTER),
+                0.0,
+            );
         }
     }
     let refs: Vec<(&str, &Array)> = tensors.iter().map(|(n, a)| (n.as_str(), a)).collect();
@@ -195,7 +276,11 @@ fn scenario(r: &mut dyn ModelRunner, vocab: usize) -> Record {
         ..ReturnOptions::default()
     };
     let greedy = SamplingParams::greedy();
-    let (a, b, c) = (prompt(1, 7, vocab), prompt(2, 5, vocab), prompt(3, 4, vocab));
+    let (a, b, c) = (
+        prompt(1, 7, vocab),
+        prompt(2, 5, vocab),
+        prompt(3, 4, vocab),
+    );
     let first = run_step(
         r,
         ForwardMode::Extend,
@@ -211,10 +296,20 @@ fn scenario(r: &mut dyn ModelRunner, vocab: usize) -> Record {
             r,
             ForwardMode::Decode,
             vec![
-                RequestInput::decode(1, *ta.last().unwrap(), a.len() + ta.len() - 1, greedy.clone())
-                    .with_returns(logits.clone()),
-                RequestInput::decode(2, *tb.last().unwrap(), b.len() + tb.len() - 1, greedy.clone())
-                    .with_returns(logits.clone()),
+                RequestInput::decode(
+                    1,
+                    *ta.last().unwrap(),
+                    a.len() + ta.len() - 1,
+                    greedy.clone(),
+                )
+                .with_returns(logits.clone()),
+                RequestInput::decode(
+                    2,
+                    *tb.last().unwrap(),
+                    b.len() + tb.len() - 1,
+                    greedy.clone(),
+                )
+                .with_returns(logits.clone()),
             ],
             &mut rec,
         );
@@ -225,14 +320,22 @@ fn scenario(r: &mut dyn ModelRunner, vocab: usize) -> Record {
     run_step(
         r,
         ForwardMode::Extend,
-        vec![RequestInput::chunk(3, c[..3].to_vec(), 0, false, greedy.clone())],
+        vec![RequestInput::chunk(
+            3,
+            c[..3].to_vec(),
+            0,
+            false,
+            greedy.clone(),
+        )],
         &mut rec,
     );
     let mut tc = run_step(
         r,
         ForwardMode::Extend,
-        vec![RequestInput::chunk(3, c[3..].to_vec(), 3, true, greedy.clone())
-            .with_returns(logits.clone())],
+        vec![
+            RequestInput::chunk(3, c[3..].to_vec(), 3, true, greedy.clone())
+                .with_returns(logits.clone()),
+        ],
         &mut rec,
     );
     for _ in 0..3 {
@@ -240,10 +343,20 @@ fn scenario(r: &mut dyn ModelRunner, vocab: usize) -> Record {
             r,
             ForwardMode::Decode,
             vec![
-                RequestInput::decode(2, *tb.last().unwrap(), b.len() + tb.len() - 1, greedy.clone())
-                    .with_returns(logits.clone()),
-                RequestInput::decode(3, *tc.last().unwrap(), c.len() + tc.len() - 1, greedy.clone())
-                    .with_returns(logits.clone()),
+                RequestInput::decode(
+                    2,
+                    *tb.last().unwrap(),
+                    b.len() + tb.len() - 1,
+                    greedy.clone(),
+                )
+                .with_returns(logits.clone()),
+                RequestInput::decode(
+                    3,
+                    *tc.last().unwrap(),
+                    c.len() + tc.len() - 1,
+                    greedy.clone(),
+                )
+                .with_returns(logits.clone()),
             ],
             &mut rec,
         );
@@ -254,14 +367,21 @@ fn scenario(r: &mut dyn ModelRunner, vocab: usize) -> Record {
     rec
 }
 
-fn options(quantize: bool) -> LoadOptions {
-    LoadOptions {
+/// The CPU's load options; `exact` asks the quantized kernels for exact
+/// activations instead of int16 ones (rounded in blocks of an input row,
+/// which a split row may round differently).
+fn options(quantize: bool, exact: bool) -> LoadOptions {
+    let mut o = LoadOptions {
         quantize: quantize.then_some(QuantSpec {
             group_size: 32,
             bits: 4,
         }),
         ..LoadOptions::for_device(Device::Cpu)
+    };
+    if exact {
+        o.activations = ActivationPrecision::Exact;
     }
+    o
 }
 
 // ---- the rank side
@@ -281,6 +401,7 @@ fn rank_entry() {
     let out = PathBuf::from(env("TP_TEST_OUT").expect("TP_TEST_OUT"));
     let ranks: usize = env("TP_TEST_RANKS").unwrap().parse().unwrap();
     let quantize = env("TP_TEST_QUANTIZE").is_some();
+    let exact = env("TP_TEST_EXACT").is_some();
     let vocab: usize = env("TP_TEST_VOCAB").unwrap().parse().unwrap();
     let timeout = Duration::from_millis(env("TP_TEST_TIMEOUT_MS").unwrap().parse().unwrap());
     let config = RunnerConfig {
@@ -289,7 +410,7 @@ fn rank_entry() {
         ..RunnerConfig::default()
     };
     let write = |v: Value| std::fs::write(&out, v.to_string()).unwrap();
-    let rank = match tensor_parallel::start(&model, &options(quantize), config) {
+    let rank = match tensor_parallel::start(&model, &options(quantize, exact), config) {
         Ok(rank) => rank,
         Err(e) => {
             if env("MLX_RANK").as_deref() == Some("0") {
@@ -322,11 +443,19 @@ fn rank_entry() {
         let (kind, elapsed) = loop {
             let mut request = RequestInput::prompt(id, p.clone(), greedy.clone());
             let t = Instant::now();
-            let r = leader.forward(&ForwardBatch::new(ForwardMode::Extend, vec![request.clone()]));
+            let r = leader.forward(&ForwardBatch::new(
+                ForwardMode::Extend,
+                vec![request.clone()],
+            ));
             let elapsed = t.elapsed();
             match r {
                 Ok(o) => {
-                    request = RequestInput::decode(id, o.outputs[0].next_token.unwrap(), 4, greedy.clone());
+                    request = RequestInput::decode(
+                        id,
+                        o.outputs[0].next_token.unwrap(),
+                        4,
+                        greedy.clone(),
+                    );
                     let t = Instant::now();
                     if let Err(e) =
                         leader.forward(&ForwardBatch::new(ForwardMode::Decode, vec![request]))
@@ -365,6 +494,7 @@ struct Launch {
     model: PathBuf,
     ranks: usize,
     quantize: bool,
+    exact: bool,
     vocab: usize,
     timeout: Duration,
     ready: Option<PathBuf>,
@@ -376,6 +506,7 @@ impl Launch {
             model: model.to_path_buf(),
             ranks,
             quantize,
+            exact: false,
             vocab,
             timeout: Duration::from_secs(60),
             ready: None,
@@ -410,8 +541,12 @@ impl Launch {
         if self.quantize {
             c.env.push(("TP_TEST_QUANTIZE".into(), "1".into()));
         }
+        if self.exact {
+            c.env.push(("TP_TEST_EXACT".into(), "1".into()));
+        }
         if let Some(r) = &self.ready {
-            c.env.push(("TP_TEST_READY".into(), r.display().to_string()));
+            c.env
+                .push(("TP_TEST_READY".into(), r.display().to_string()));
         }
         c
     }
@@ -423,15 +558,18 @@ impl Launch {
         let out = dir.path().join("rank0.json");
         let mut ranks = launch::spawn(&self.config(&out)).unwrap();
         let (_, codes) = ranks.wait_codes().unwrap();
-        let text = std::fs::read_to_string(&out).unwrap_or_else(|_| {
-            panic!("rank 0 wrote no result (exit codes {codes:?})")
-        });
+        let text = std::fs::read_to_string(&out)
+            .unwrap_or_else(|_| panic!("rank 0 wrote no result (exit codes {codes:?})"));
         (serde_json::from_str(&text).unwrap(), codes)
     }
 }
 
-fn single_process(model: &Path, quantize: bool, vocab: usize) -> Record {
-    let mut r = MlxModelRunner::load(model, &options(quantize), RunnerConfig::default()).unwrap();
+fn single_process(model: &Path, quantize: bool, exact: bool, vocab: usize) -> Record {
+    // The fused decode block has no collective inside, so the ranks run
+    // the blocks op by op: so does the reference.
+    registry::set_enabled(Kernel::DecoderLayer, false);
+    let mut r =
+        MlxModelRunner::load(model, &options(quantize, exact), RunnerConfig::default()).unwrap();
     scenario(&mut r, vocab)
 }
 
@@ -449,20 +587,25 @@ fn assert_same(what: &str, got: &Value, want: &Record, tol: f32) {
         }
     }
     assert!(worst <= tol, "{what}: logits differ by {worst} > {tol}");
-    eprintln!("{what}: {} tokens equal, max |Δlogit| = {worst:.2e}", tokens.len());
+    eprintln!(
+        "{what}: {} tokens equal, max |Δlogit| = {worst:.2e}",
+        tokens.len()
+    );
 }
 
 fn check_family(family: Family) {
     let folder = tiny_folder(family, 7 + family as u64);
     for quantize in [false, true] {
-        let want = single_process(folder.path(), quantize, VOCAB);
-        // 4-bit: the single process may take the fused decode block, which
-        // rounds differently from the op-by-op graph every rank runs.
-        let tol = if quantize { 2e-3 } else { 1e-4 };
+        let want = single_process(folder.path(), quantize, false, VOCAB);
+        // 4-bit: the split sums reorder more terms of larger magnitude.
+        let tol = if quantize { 1e-3 } else { 1e-4 };
         for ranks in [2, 3] {
             let (got, codes) = Launch::new(folder.path(), ranks, quantize, VOCAB).run();
             assert!(codes.iter().all(|c| *c == Some(0)), "exit codes {codes:?}");
-            let what = format!("{family:?} {} on {ranks} ranks", if quantize { "q4" } else { "f32" });
+            let what = format!(
+                "{family:?} {} on {ranks} ranks",
+                if quantize { "q4" } else { "f32" }
+            );
             assert_same(&what, &got, &want, tol);
         }
     }
@@ -500,7 +643,7 @@ fn stored_4bit_checkpoints_shard_at_group_boundaries() {
     let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/tiny");
     for name in ["llama-q4", "qwen3_moe-q4"] {
         let path = tiny.join(name);
-        let want = single_process(&path, false, 256);
+        let want = single_process(&path, false, false, 256);
         let (got, codes) = Launch::new(&path, 2, false, 256).run();
         assert!(codes.iter().all(|c| *c == Some(0)), "exit codes {codes:?}");
         assert_same(&format!("{name} on 2 ranks"), &got, &want, 2e-3);
@@ -515,11 +658,21 @@ fn the_default_model_on_3_ranks_matches_one_process() {
         return;
     }
     let vocab = 49152;
-    let want = single_process(&path, false, vocab);
-    let (got, codes) = Launch::new(&path, 3, false, vocab).run();
-    assert!(codes.iter().all(|c| *c == Some(0)), "exit codes {codes:?}");
-    // Q4_1 weights: the single process runs the fused decode block.
-    assert_same("default model on 3 ranks", &got, &want, 2e-3);
+    for exact in [true, false] {
+        let want = single_process(&path, false, exact, vocab);
+        let mut launch = Launch::new(&path, 3, false, vocab);
+        launch.exact = exact;
+        let (got, codes) = launch.run();
+        assert!(codes.iter().all(|c| *c == Some(0)), "exit codes {codes:?}");
+        // Q4_1 weights, logits of magnitude ~20, 30 layers: with int16
+        // activations, x rounded in blocks that a split row changes.
+        let (what, tol) = if exact {
+            ("default model on 3 ranks, exact activations", 1e-4)
+        } else {
+            ("default model on 3 ranks, int16 activations", 2e-2)
+        };
+        assert_same(what, &got, &want, tol);
+    }
 }
 
 #[test]
@@ -552,7 +705,10 @@ fn lose_a_follower(signal: &str) {
     let mut ranks = launch::spawn(&config).unwrap();
     let start = Instant::now();
     while !ready.exists() {
-        assert!(start.elapsed() < Duration::from_secs(120), "rank 0 never got ready");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "rank 0 never got ready"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = ranks.pid(1).expect("rank 1 runs").to_string();
@@ -562,15 +718,24 @@ fn lose_a_follower(signal: &str) {
         .unwrap();
     assert!(status.success());
     let (_, codes) = ranks.wait_codes().unwrap();
-    let got: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let mut got: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    got["logits"] = Value::Null;
     let failure = &got["failure"];
-    assert_eq!(failure["kind"], "PeerTimeout", "{got}");
+    // A killed peer closes its sockets and the ring backend fails the
+    // collective at once; a stopped one is caught by the timeout.
+    let kind = failure["kind"].as_str().unwrap_or("none");
+    assert!(kind == "PeerTimeout" || kind == "Distributed", "{failure}");
     let elapsed = failure["elapsed_ms"].as_u64().unwrap();
     assert!(elapsed <= 3000 + 1000, "rank 0 failed after {elapsed} ms");
+    eprintln!("kill {signal}: rank 0 failed with {kind} after {elapsed} ms; exit codes {codes:?}");
     assert_eq!(failure["then_lost"], true);
     assert_eq!(codes[0], Some(0), "rank 0: {codes:?}");
-    // Rank 2 hears nothing more from rank 0 and leaves on its own.
-    assert_eq!(codes[2], Some(LEADER_LOST_EXIT_CODE), "rank 2: {codes:?}");
+    // Rank 2 leaves on its own: its collective fails once rank 0 is gone
+    // (code 4 here), or its watchdog hears nothing more from rank 0.
+    assert!(
+        matches!(codes[2], Some(4) | Some(LEADER_LOST_EXIT_CODE)),
+        "rank 2: {codes:?}"
+    );
     for rank in 0..3 {
         assert!(ranks.pid(rank).is_none(), "rank {rank} still runs");
     }

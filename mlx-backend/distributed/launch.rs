@@ -133,7 +133,9 @@ pub(crate) fn read_ring_hostfile() -> Result<usize, DistributedError> {
             .as_array()
             .is_some_and(|a| !a.is_empty() && a.iter().all(|x| x.as_str().is_some()));
         if !ok {
-            return Err(bad("each rank needs a non-empty list of \"ip:port\" strings".into()));
+            return Err(bad(
+                "each rank needs a non-empty list of \"ip:port\" strings".into(),
+            ));
         }
     }
     if ranks.is_empty() {

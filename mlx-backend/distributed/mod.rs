@@ -135,9 +135,8 @@ impl Group {
     /// whichever MLX finds. Fails, before contacting any peer, when the
     /// variables are missing or inconsistent.
     pub fn from_env() -> Result<Group, DistributedError> {
-        let rank = env_usize(ENV_RANK)?.ok_or_else(|| {
-            DistributedError::NotConfigured(format!("{ENV_RANK} is not set"))
-        })?;
+        let rank = env_usize(ENV_RANK)?
+            .ok_or_else(|| DistributedError::NotConfigured(format!("{ENV_RANK} is not set")))?;
         let backend = match std::env::var(ENV_BACKEND) {
             Ok(b) => b.parse()?,
             Err(_) if std::env::var_os(ENV_HOSTFILE).is_some() => Backend::Ring,

@@ -753,9 +753,7 @@ impl SparseMoe {
             None => (inds, scores),
             Some((group, first)) => {
                 let local_count = e / group.size() as i32;
-                let local = inds
-                    .astype(Dtype::I32)?
-                    .add_scalar(-(*first as f64))?;
+                let local = inds.astype(Dtype::I32)?.add_scalar(-(*first as f64))?;
                 let owned = local
                     .ge(&local.scalar_like(0.0)?)?
                     .logical_and(&local.lt(&local.scalar_like(local_count as f64)?)?)?;

@@ -158,7 +158,12 @@ pub(crate) fn shard_tensors(
             });
         }
         let part = size / ranks;
-        let kept = copy_part(t, axis as i32, (rank * part) as i32, ((rank + 1) * part) as i32)?;
+        let kept = copy_part(
+            t,
+            axis as i32,
+            (rank * part) as i32,
+            ((rank + 1) * part) as i32,
+        )?;
         tensors.insert(name, kept);
     }
     Ok(())
@@ -185,11 +190,23 @@ mod tests {
     #[test]
     fn names_split_as_megatron_does() {
         let s = |n: &str| split_of(n);
-        assert_eq!(s("model.layers.0.self_attn.q_proj.weight"), Some(Split::Rows));
+        assert_eq!(
+            s("model.layers.0.self_attn.q_proj.weight"),
+            Some(Split::Rows)
+        );
         assert_eq!(s("model.layers.0.self_attn.k_proj.bias"), Some(Split::Rows));
-        assert_eq!(s("model.layers.0.self_attn.v_proj.scales"), Some(Split::Rows));
-        assert_eq!(s("model.layers.3.self_attn.o_proj.biases"), Some(Split::Columns));
-        assert_eq!(s("model.layers.1.mlp.down_proj.weight"), Some(Split::Columns));
+        assert_eq!(
+            s("model.layers.0.self_attn.v_proj.scales"),
+            Some(Split::Rows)
+        );
+        assert_eq!(
+            s("model.layers.3.self_attn.o_proj.biases"),
+            Some(Split::Columns)
+        );
+        assert_eq!(
+            s("model.layers.1.mlp.down_proj.weight"),
+            Some(Split::Columns)
+        );
         assert_eq!(s("model.layers.1.mlp.up_proj.weight"), Some(Split::Rows));
         assert_eq!(
             s("model.layers.1.mlp.switch_mlp.down_proj.weight"),
@@ -213,7 +230,9 @@ mod tests {
         m.insert("model.layers.0.mlp.up_proj.weight".to_string(), t.clone());
         m.insert("model.layers.0.mlp.down_proj.weight".to_string(), t);
         shard_tensors(&mut m, 1, 2).unwrap();
-        let up = m["model.layers.0.mlp.up_proj.weight"].to_vec::<f32>().unwrap();
+        let up = m["model.layers.0.mlp.up_proj.weight"]
+            .to_vec::<f32>()
+            .unwrap();
         assert_eq!(up, (12..24).map(|x| x as f32).collect::<Vec<_>>());
         let down = m["model.layers.0.mlp.down_proj.weight"]
             .to_vec::<f32>()
@@ -227,7 +246,11 @@ mod tests {
         m.insert("model.layers.0.mlp.up_proj.weight".to_string(), t);
         assert!(matches!(
             shard_tensors(&mut m, 0, 3),
-            Err(ModelLoadError::NotShardable { size: 4, ranks: 3, .. })
+            Err(ModelLoadError::NotShardable {
+                size: 4,
+                ranks: 3,
+                ..
+            })
         ));
     }
 }

@@ -62,13 +62,14 @@ pub fn start(
     };
     let rank = std::env::var(ENV_RANK)
         .map_err(|_| DistributedError::NotConfigured(format!("{ENV_RANK} is not set")))?;
-    let rank: usize = rank.trim().parse().map_err(|e: std::num::ParseIntError| {
-        DistributedError::BadEnv {
-            name: ENV_RANK,
-            value: rank.clone(),
-            reason: e.to_string(),
-        }
-    })?;
+    let rank: usize =
+        rank.trim()
+            .parse()
+            .map_err(|e: std::num::ParseIntError| DistributedError::BadEnv {
+                name: ENV_RANK,
+                value: rank.clone(),
+                reason: e.to_string(),
+            })?;
     let path = path.as_ref().to_path_buf();
     if rank == 0 {
         TensorParallelRunner::start(path, options.clone(), config, expected).map(Rank::Leader)
@@ -91,9 +92,17 @@ fn join(expected: usize) -> Result<Group, RunnerError> {
 }
 
 enum Command {
-    Forward(ForwardBatch, mpsc::Sender<Result<ForwardOutput, RunnerError>>),
+    Forward(
+        ForwardBatch,
+        mpsc::Sender<Result<ForwardOutput, RunnerError>>,
+    ),
     Release(Vec<RequestId>),
-    CopyPrefix(RequestId, RequestId, usize, mpsc::Sender<Result<(), RunnerError>>),
+    CopyPrefix(
+        RequestId,
+        RequestId,
+        usize,
+        mpsc::Sender<Result<(), RunnerError>>,
+    ),
     Metrics(mpsc::Sender<RunnerMetrics>),
 }
 
@@ -151,7 +160,9 @@ impl TensorParallelRunner {
                 let _ = status_tx.send(Startup::Loaded(Box::new(runner.info())));
                 lead(&group, runner, inbox, timeout / 4);
             })
-            .map_err(|e| RunnerError::Panicked(format!("could not start the leader thread: {e}")))?;
+            .map_err(|e| {
+                RunnerError::Panicked(format!("could not start the leader thread: {e}"))
+            })?;
         // Forming the group waits on the peers; loading is this rank's own work.
         let joined = status.recv_timeout(timeout);
         let info = match joined {
@@ -330,10 +341,7 @@ impl ModelRunner for TensorParallelRunner {
     }
 
     fn metrics(&self) -> RunnerMetrics {
-        let mut last = self
-            .last_metrics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut last = self.last_metrics.lock().unwrap_or_else(|p| p.into_inner());
         if !self.lost {
             let (tx, rx) = mpsc::channel();
             if let Some(c) = &self.commands {
@@ -449,9 +457,7 @@ impl Follower {
                     self.runner.release(&ids);
                     Ok(())
                 }
-                Message::CopyPrefix(from, to, tokens) => {
-                    self.runner.copy_prefix(from, to, tokens)
-                }
+                Message::CopyPrefix(from, to, tokens) => self.runner.copy_prefix(from, to, tokens),
             };
             if let Err(e) = result {
                 self.last_error = Some(e);

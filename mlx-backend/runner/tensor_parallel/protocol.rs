@@ -205,7 +205,11 @@ pub(crate) fn decode(words: &[i32]) -> Result<Message, DistributedError> {
             }
             Message::Forward(ForwardBatch { mode, requests })
         }
-        k => return Err(DistributedError::Protocol(format!("unknown message kind {k}"))),
+        k => {
+            return Err(DistributedError::Protocol(format!(
+                "unknown message kind {k}"
+            )))
+        }
     };
     if r.at != words.len() {
         return Err(DistributedError::Protocol(format!(
