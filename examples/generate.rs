@@ -266,7 +266,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     std::process::exit(code);
                 }
                 TensorParallelPart::Leader(bundle) => {
-                    let (parts, runner) = bundle.with_runner(());
+                    let (parts, runner) = (*bundle).with_runner(());
                     parts
                         .with_runner(Box::new(runner) as Box<dyn ModelRunner>)
                         .0

@@ -430,7 +430,7 @@ fn rank_entry() {
             let code = if f.follow().is_ok() { 0 } else { 4 };
             mlx_backend::distributed::exit_process(code);
         }
-        Rank::Leader(r) => r,
+        Rank::Leader(r) => *r,
     };
     let rec = scenario(&mut leader, vocab);
     let mut result = json!({ "tokens": rec.tokens, "logits": rec.logits });

@@ -487,7 +487,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     drop(follower);
                     std::process::exit(code);
                 }
-                TensorParallelPart::Leader(bundle) => Engine::start(config, move || Ok(bundle))?,
+                TensorParallelPart::Leader(bundle) => Engine::start(config, move || Ok(*bundle))?,
             }
         }
     };

@@ -134,9 +134,9 @@ impl ModelBundle<crate::runner::RunnerHandle> {
 /// [`crate::runner::tensor_parallel`]).
 pub enum TensorParallelPart {
     /// Rank 0: the bundle to serve, over the group's runner.
-    Leader(ModelBundle<TensorParallelRunner>),
+    Leader(Box<ModelBundle<TensorParallelRunner>>),
     /// Any other rank: run [`Follower::follow`] until rank 0 shuts down.
-    Follower(Follower),
+    Follower(Box<Follower>),
 }
 
 impl ModelBundle<TensorParallelRunner> {
@@ -151,7 +151,7 @@ impl ModelBundle<TensorParallelRunner> {
         let path = path.as_ref();
         let mut runner = match tensor_parallel::start(path, options, config)? {
             Rank::Follower(f) => return Ok(TensorParallelPart::Follower(f)),
-            Rank::Leader(r) => r,
+            Rank::Leader(r) => *r,
         };
         let (tokenizer, chat_template) = if path.is_dir() {
             tokenizer::for_model(path)?
@@ -161,11 +161,11 @@ impl ModelBundle<TensorParallelRunner> {
         let eos_token_ids = merge_eos(&runner.info().eos_token_ids, tokenizer.eos_ids());
         runner.set_eos_token_ids(eos_token_ids.clone());
         let tokenizer = tokenizer.with_eos_ids(eos_token_ids.clone());
-        Ok(TensorParallelPart::Leader(ModelBundle {
+        Ok(TensorParallelPart::Leader(Box::new(ModelBundle {
             runner,
             tokenizer,
             chat_template,
             eos_token_ids,
-        }))
+        })))
     }
 }

@@ -53,11 +53,11 @@ pub(crate) fn check(
         return Err(not("the group", 0));
     }
     let c = config;
-    if c.num_key_value_heads % ranks != 0 {
+    if !c.num_key_value_heads.is_multiple_of(ranks) {
         // Whole KV heads per rank; replicating KV heads is not implemented.
         return Err(not("num_key_value_heads", c.num_key_value_heads));
     }
-    if c.num_attention_heads % ranks != 0 {
+    if !c.num_attention_heads.is_multiple_of(ranks) {
         return Err(not("num_attention_heads", c.num_attention_heads));
     }
     let mut column_split = vec![("attention output width", c.num_attention_heads * c.head_dim)];
@@ -69,7 +69,7 @@ pub(crate) fn check(
         column_split.push(("intermediate_size", c.intermediate_size));
     }
     if let Some(m) = &c.moe {
-        if m.num_experts % ranks != 0 {
+        if !m.num_experts.is_multiple_of(ranks) {
             return Err(not("num_experts", m.num_experts));
         }
         if m.shared_expert_intermediate_size > 0 {
@@ -80,11 +80,11 @@ pub(crate) fn check(
         }
     }
     for (what, size) in column_split {
-        if size % ranks != 0 {
+        if !size.is_multiple_of(ranks) {
             return Err(not(what, size));
         }
         if let Some(g) = group_size {
-            if (size / ranks) % g != 0 {
+            if !(size / ranks).is_multiple_of(g) {
                 return Err(ModelLoadError::NotShardable {
                     what: format!("{what} (per rank, in quantization groups of {g})"),
                     size,
@@ -150,7 +150,7 @@ pub(crate) fn shard_tensors(
             Split::Columns => shape.len() - 1,
         };
         let size = shape[axis] as usize;
-        if size % ranks != 0 {
+        if !size.is_multiple_of(ranks) {
             return Err(ModelLoadError::NotShardable {
                 what: format!("{name} axis {axis}"),
                 size,

@@ -41,9 +41,9 @@ use watchdog::Watchdog;
 /// This process's part of a tensor-parallel runner.
 pub enum Rank {
     /// Rank 0: serves the engine.
-    Leader(TensorParallelRunner),
+    Leader(Box<TensorParallelRunner>),
     /// Any other rank: call [`Follower::follow`].
-    Follower(Follower),
+    Follower(Box<Follower>),
 }
 
 /// Join the group the environment describes and load this rank's shard of
@@ -72,9 +72,10 @@ pub fn start(
             })?;
     let path = path.as_ref().to_path_buf();
     if rank == 0 {
-        TensorParallelRunner::start(path, options.clone(), config, expected).map(Rank::Leader)
+        TensorParallelRunner::start(path, options.clone(), config, expected)
+            .map(|r| Rank::Leader(Box::new(r)))
     } else {
-        Follower::start(&path, options, config, expected).map(Rank::Follower)
+        Follower::start(&path, options, config, expected).map(|f| Rank::Follower(Box::new(f)))
     }
 }
 
