@@ -41,7 +41,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     Device::Cpu.set_default()?;
     let group = Group::from_env()?;
     if group.rank() == 0 {
-        println!("ranks={} (elements, bytes, median us, p90 us)", group.size());
+        println!(
+            "ranks={} (elements, bytes, median us, p90 us)",
+            group.size()
+        );
     }
     for &n in &args.sizes {
         let x = Array::from_slice(&vec![1.0f32; n], &[n as i32])?;
