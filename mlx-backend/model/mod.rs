@@ -130,8 +130,8 @@ pub fn load_gguf(file: &GgufFile, options: &LoadOptions) -> Result<LoadedModel, 
     })
 }
 
-/// Load this rank's tensor-parallel shard of a GGUF file or HF folder (see
-/// the `shard` rules in the crate docs of `distributed`): attention heads,
+/// Load this rank's tensor-parallel shard of a GGUF file or HF folder
+/// (Megatron-style; the rules are in docs/distributed.md): attention heads,
 /// MLP widths and experts divided over `group`, whose ranks must all load
 /// the same model with the same options. The sizes are checked before any
 /// tensor is read: [`ModelLoadError::NotShardable`] names the one that does
