@@ -14,7 +14,7 @@
 mod common;
 
 use mlx_backend::distributed::launch::{self, LaunchConfig};
-use mlx_backend::distributed::{Backend, DistributedError};
+use mlx_backend::distributed::{Backend, DistributedError, Group};
 use mlx_backend::kernels::{registry, ActivationPrecision, Kernel};
 use mlx_backend::model::{LoadOptions, ModelLoadError};
 use mlx_backend::ops::QuantSpec;
@@ -395,6 +395,9 @@ fn env(name: &str) -> Option<String> {
 #[test]
 #[ignore = "a rank's entry point, run by the launches of the other tests"]
 fn rank_entry() {
+    if let Some(out) = env("TP_TEST_COLLECTIVES") {
+        collectives(Path::new(&out));
+    }
     let Some(model) = env("TP_TEST_MODEL") else {
         return;
     };
@@ -485,6 +488,45 @@ fn rank_entry() {
     }
     write(result);
     drop(leader);
+    mlx_backend::distributed::exit_process(0);
+}
+
+/// Each collective once over the group: rank 0 writes what it got.
+fn collectives(out: &Path) -> ! {
+    let group = Group::from_env().unwrap();
+    let (rank, size) = (group.rank(), group.size());
+    let x = Array::from_slice(&[rank as f32 + 1.0, 10.0], &[1, 2]).unwrap();
+    let sum = group.all_sum(&x).unwrap().to_vec::<f32>().unwrap();
+    let gathered = group.all_gather(&x).unwrap().to_vec::<f32>().unwrap();
+    // A ring of send/recv: to the right, from the left.
+    let right = (rank + 1) % size;
+    let left = (rank + size - 1) % size;
+    let token = Array::from_slice(&[rank as i32 * 7], &[1]).unwrap();
+    let (sent, got) = if rank % 2 == 0 {
+        let s = group.send(&token, right).unwrap();
+        s.eval().unwrap();
+        let r = group.recv(&[1], mlx_backend::Dtype::I32, left).unwrap();
+        (s, r)
+    } else {
+        let r = group.recv(&[1], mlx_backend::Dtype::I32, left).unwrap();
+        r.eval().unwrap();
+        let s = group.send(&token, right).unwrap();
+        s.eval().unwrap();
+        (s, r)
+    };
+    drop(sent);
+    let from_left = got.to_vec::<i32>().unwrap();
+    let words = group.broadcast_i32(0, &[5, -6, 7]).unwrap();
+    if rank == 0 {
+        let v = json!({
+            "size": size, "sum": sum, "gathered": gathered,
+            "from_left": from_left, "broadcast": words,
+        });
+        std::fs::write(out, v.to_string()).unwrap();
+    } else {
+        assert_eq!(words, vec![5, -6, 7]);
+        assert_eq!(from_left, vec![left as i32 * 7]);
+    }
     mlx_backend::distributed::exit_process(0);
 }
 
@@ -686,6 +728,38 @@ fn the_default_model_on_3_ranks_matches_one_process() {
         };
         assert_same(what, &got, &want, tol);
     }
+}
+
+#[test]
+fn collectives_over_the_ring_backend() {
+    let _one = LAUNCHES.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = common::temp_dir("tp-coll");
+    let out = dir.path().join("rank0.json");
+    let exe = std::env::current_exe().unwrap();
+    let mut c = LaunchConfig::local(
+        3,
+        Backend::Ring,
+        exe,
+        [
+            "rank_entry",
+            "--exact",
+            "--nocapture",
+            "--ignored",
+            "--test-threads=1",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    c.env = vec![("TP_TEST_COLLECTIVES".into(), out.display().to_string())];
+    c.grace = Duration::from_secs(60);
+    let code = launch::launch(&c).unwrap();
+    assert_eq!(code, 0);
+    let got: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(got["size"], 3);
+    assert_eq!(got["sum"], json!([6.0, 30.0]));
+    assert_eq!(got["gathered"], json!([1.0, 10.0, 2.0, 10.0, 3.0, 10.0]));
+    assert_eq!(got["from_left"], json!([14]));
+    assert_eq!(got["broadcast"], json!([5, -6, 7]));
 }
 
 #[test]
