@@ -5,12 +5,14 @@
 //! ```sh
 //! cargo run --release --example generate -- --prompt "Why is the sky blue?"
 //! echo "Why is the sky blue?" | cargo run --release --example generate -- --prompt -
+//! # Tensor parallelism over 2 local ranks (see docs/distributed.md):
+//! cargo run --release --example launch -- -n 2 -- generate --tp 2 --prompt "Hi"
 //! ```
 //!
 //! Exit codes: 0 done, 1 the model or the generation failed, 2 bad arguments.
 
 use clap::Parser;
-use mlx_backend::engine::ModelBundle;
+use mlx_backend::engine::{ModelBundle, TensorParallelPart};
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
     ForwardBatch, ForwardMode, ModelRunner, RequestInput, RunnerConfig, SamplingParams,
@@ -19,7 +21,7 @@ use mlx_backend::tokenizer::{ChatMessage, IncrementalDetokenizer, StopStrings};
 use mlx_backend::Device;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Generate text with an LLM on MLX.
 #[derive(Parser, Debug)]
@@ -72,6 +74,13 @@ struct Args {
     /// Device to run on (default: MLX's default, the GPU when there is one).
     #[arg(long, value_enum)]
     device: Option<DeviceArg>,
+    /// Split the model over this many tensor-parallel ranks, the group the
+    /// environment describes (start the ranks with the `launch` example).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    tp: Option<u32>,
+    /// Under `--tp`: seconds to wait for a peer before failing.
+    #[arg(long, default_value_t = 60)]
+    peer_timeout_secs: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -182,12 +191,17 @@ impl Sequence {
 fn main() {
     // clap prints the message and exits with 2 on bad arguments.
     let args = Args::parse();
+    let tp = args.tp.is_some_and(|n| n > 1);
     if let Err(e) = run(args) {
         eprintln!("error: {e}");
         let mut source = e.source();
         while let Some(cause) = source {
             eprintln!("  caused by: {cause}");
             source = cause.source();
+        }
+        if tp {
+            // A thread may be stuck in a collective whose peer is gone.
+            mlx_backend::distributed::exit_process(1);
         }
         std::process::exit(1);
     }
@@ -223,16 +237,49 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // architecture is the real problem even when the tokenizer is missing
     // too), then the tokenizer and template from the same GGUF read, and
     // one EOS set for both.
+    let options = LoadOptions::for_device(device);
+    let bundle: ModelBundle<Box<dyn ModelRunner>> = match args.tp.filter(|&n| n > 1) {
+        None => {
+            let bundle = ModelBundle::load(&path, &options, RunnerConfig::default())?;
+            let (parts, runner) = bundle.with_runner(());
+            parts
+                .with_runner(Box::new(runner) as Box<dyn ModelRunner>)
+                .0
+        }
+        Some(n) => {
+            let config = RunnerConfig {
+                tensor_parallel: Some(n as usize),
+                peer_timeout: Duration::from_secs(args.peer_timeout_secs),
+                ..RunnerConfig::default()
+            };
+            match ModelBundle::load_tensor_parallel(&path, &options, config)? {
+                TensorParallelPart::Follower(mut follower) => {
+                    // Ranks other than 0 replay rank 0's steps and print nothing.
+                    let code = match follower.follow() {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            eprintln!("error: rank {}: {e}", follower.rank());
+                            1
+                        }
+                    };
+                    drop(follower);
+                    std::process::exit(code);
+                }
+                TensorParallelPart::Leader(bundle) => {
+                    let (parts, runner) = (*bundle).with_runner(());
+                    parts
+                        .with_runner(Box::new(runner) as Box<dyn ModelRunner>)
+                        .0
+                }
+            }
+        }
+    };
     let ModelBundle {
         mut runner,
         tokenizer: tok,
         chat_template: template,
         eos_token_ids: eos,
-    } = ModelBundle::load(
-        &path,
-        &LoadOptions::for_device(device),
-        RunnerConfig::default(),
-    )?;
+    } = bundle;
 
     let prompt_text = match (&template, args.no_chat_template) {
         (Some(t), false) => {

@@ -101,6 +101,7 @@ pub(crate) mod bridge {
         type SafetensorsFile;
         type GgufFile;
         type DecoderStack;
+        type DistGroup;
 
         // ---- devices and streams
         fn default_device() -> DeviceSpec;
@@ -111,6 +112,24 @@ pub(crate) mod bridge {
         fn new_stream(device: DeviceSpec) -> Result<StreamSpec>;
         fn set_default_stream(stream: StreamSpec) -> Result<()>;
         fn synchronize(stream: StreamSpec) -> Result<()>;
+
+        // ---- distributed
+        fn distributed_is_available(backend: &str) -> Result<bool>;
+        fn distributed_init(strict: bool, backend: &str) -> Result<UniquePtr<DistGroup>>;
+        fn dist_group_rank(g: &DistGroup) -> i32;
+        fn dist_group_size(g: &DistGroup) -> i32;
+        fn dist_group_clone(g: &DistGroup) -> UniquePtr<DistGroup>;
+        fn dist_all_sum(x: &array, g: &DistGroup, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn dist_all_gather(x: &array, g: &DistGroup, s: StreamSpec) -> Result<UniquePtr<array>>;
+        fn dist_send(x: &array, dst: i32, g: &DistGroup, s: StreamSpec)
+            -> Result<UniquePtr<array>>;
+        fn dist_recv(
+            shape: &[i32],
+            dtype: i32,
+            src: i32,
+            g: &DistGroup,
+            s: StreamSpec,
+        ) -> Result<UniquePtr<array>>;
 
         // ---- memory
         fn active_memory() -> usize;

@@ -15,6 +15,8 @@
 //!   detokenization and chat templates.
 //! * [`model`]: model loading (GGUF files, HF and mlx-community folders, hub
 //!   ids) and the forward pass over per-layer KV caches.
+//! * [`distributed`]: MLX's distributed groups and collectives, and a
+//!   launcher for local ranks; tensor parallelism builds on them.
 //! * [`runner`]: [`MlxModelRunner`](runner::MlxModelRunner), what a serving
 //!   engine calls once per forward batch; [`engine`]: a continuous-batching
 //!   engine around it.
@@ -63,6 +65,7 @@
 
 mod array;
 mod device;
+pub mod distributed;
 mod dtype;
 pub mod engine;
 mod error;

@@ -976,4 +976,54 @@ rust::Vec<rust::String> gguf_metadata_strings(const GgufFile& f, rust::Str key) 
   throw std::invalid_argument("GGUF metadata '" + std::string(key) + "' is not a list of strings");
 }
 
+// ---- distributed
+//
+// MLX picks the backend ("ring", "mpi", "nccl", "jaccl" or "any") and reads
+// its own environment (MLX_RANK, MLX_HOSTFILE, ...). The ops are built on
+// the caller's stream like every other op; the backend runs them when the
+// graph is evaluated.
+
+bool distributed_is_available(rust::Str backend) {
+  return mx::distributed::is_available(std::string(backend));
+}
+
+std::unique_ptr<DistGroup> distributed_init(bool strict, rust::Str backend) {
+  return std::make_unique<DistGroup>(
+      mx::distributed::init(strict, std::string(backend)));
+}
+
+int32_t dist_group_rank(const DistGroup& g) {
+  return g.group.rank();
+}
+
+int32_t dist_group_size(const DistGroup& g) {
+  return g.group.size();
+}
+
+std::unique_ptr<DistGroup> dist_group_clone(const DistGroup& g) {
+  return std::make_unique<DistGroup>(g.group);
+}
+
+ArrayPtr dist_all_sum(const array& x, const DistGroup& g, StreamSpec s) {
+  return wrap(mx::distributed::all_sum(x, g.group, to_stream(s)));
+}
+
+ArrayPtr dist_all_gather(const array& x, const DistGroup& g, StreamSpec s) {
+  return wrap(mx::distributed::all_gather(x, g.group, to_stream(s)));
+}
+
+ArrayPtr dist_send(const array& x, int32_t dst, const DistGroup& g, StreamSpec s) {
+  return wrap(mx::distributed::send(x, dst, g.group, to_stream(s)));
+}
+
+ArrayPtr dist_recv(
+    rust::Slice<const int32_t> shape,
+    int32_t dtype,
+    int32_t src,
+    const DistGroup& g,
+    StreamSpec s) {
+  return wrap(mx::distributed::recv(
+      to_shape(shape), to_dtype(dtype), src, g.group, to_stream(s)));
+}
+
 } // namespace mlx_backend

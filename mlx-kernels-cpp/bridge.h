@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "mlx/distributed/distributed.h"
+#include "mlx/distributed/ops.h"
 #include "mlx/mlx.h"
 #include "rust/cxx.h"
 
@@ -41,6 +43,14 @@ class SafetensorsFile {
 };
 
 // A loaded GGUF file: tensors by name plus typed metadata.
+// A distributed group (mlx::core::distributed::Group, a shared handle to
+// the backend's communicator): copies share the communicator.
+class DistGroup {
+ public:
+  explicit DistGroup(mlx::core::distributed::Group g) : group(std::move(g)) {}
+  mlx::core::distributed::Group group;
+};
+
 class GgufFile {
  public:
   std::vector<std::string> names;
@@ -285,6 +295,23 @@ int32_t gguf_metadata_kind(const GgufFile& f, rust::Str key);
 ArrayPtr gguf_metadata_array(const GgufFile& f, rust::Str key);
 rust::String gguf_metadata_string(const GgufFile& f, rust::Str key);
 rust::Vec<rust::String> gguf_metadata_strings(const GgufFile& f, rust::Str key);
+
+
+// ---- distributed
+bool distributed_is_available(rust::Str backend);
+std::unique_ptr<DistGroup> distributed_init(bool strict, rust::Str backend);
+int32_t dist_group_rank(const DistGroup& g);
+int32_t dist_group_size(const DistGroup& g);
+std::unique_ptr<DistGroup> dist_group_clone(const DistGroup& g);
+ArrayPtr dist_all_sum(const array& x, const DistGroup& g, StreamSpec s);
+ArrayPtr dist_all_gather(const array& x, const DistGroup& g, StreamSpec s);
+ArrayPtr dist_send(const array& x, int32_t dst, const DistGroup& g, StreamSpec s);
+ArrayPtr dist_recv(
+    rust::Slice<const int32_t> shape,
+    int32_t dtype,
+    int32_t src,
+    const DistGroup& g,
+    StreamSpec s);
 
 } // namespace mlx_backend
 

@@ -24,7 +24,8 @@ use axum::{Json, Router};
 use clap::Parser;
 use futures_util::stream::{self, Stream, StreamExt};
 use mlx_backend::engine::{
-    Engine, EngineConfig, EngineError, Event, EventStream, FinishReason, SampledToken, Usage,
+    Engine, EngineConfig, EngineError, Event, EventStream, FinishReason, ModelBundle, SampledToken,
+    TensorParallelPart, Usage,
 };
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::RunnerConfig;
@@ -75,6 +76,14 @@ struct Args {
     /// Finished requests whose KV the prefix cache keeps at most.
     #[arg(long, default_value_t = 32)]
     prefix_cache_entries: usize,
+    /// Split the model over this many tensor-parallel ranks, the group the
+    /// environment describes (start the ranks with the `launch` example);
+    /// rank 0 serves HTTP, the others follow it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    tp: Option<u32>,
+    /// Under `--tp`: seconds to wait for a peer before failing.
+    #[arg(long, default_value_t = 60)]
+    peer_timeout_secs: u64,
 }
 
 struct AppState {
@@ -416,12 +425,17 @@ async fn shutdown_signal(engine: Engine) {
 
 fn main() {
     let args = Args::parse();
+    let tp = args.tp.is_some_and(|n| n > 1);
     if let Err(e) = run(args) {
         eprintln!("error: {e}");
         let mut source = e.source();
         while let Some(cause) = source {
             eprintln!("  caused by: {cause}");
             source = cause.source();
+        }
+        if tp {
+            // A thread may be stuck in a collective whose peer is gone.
+            mlx_backend::distributed::exit_process(1);
         }
         std::process::exit(1);
     }
@@ -451,7 +465,32 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         prefix_cache_max_entries: args.prefix_cache_entries,
         ..EngineConfig::default()
     };
-    let engine = Engine::load(&path, LoadOptions::for_device(Device::Cpu), runner, config)?;
+    let options = LoadOptions::for_device(Device::Cpu);
+    let engine = match args.tp.filter(|&n| n > 1) {
+        None => Engine::load(&path, options, runner, config)?,
+        Some(n) => {
+            let runner = RunnerConfig {
+                tensor_parallel: Some(n as usize),
+                peer_timeout: std::time::Duration::from_secs(args.peer_timeout_secs),
+                ..runner
+            };
+            match ModelBundle::load_tensor_parallel(&path, &options, runner)? {
+                TensorParallelPart::Follower(mut follower) => {
+                    // Ranks other than 0 serve no HTTP: they replay rank 0's steps.
+                    let code = match follower.follow() {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            eprintln!("error: rank {}: {e}", follower.rank());
+                            1
+                        }
+                    };
+                    drop(follower);
+                    std::process::exit(code);
+                }
+                TensorParallelPart::Leader(bundle) => Engine::start(config, move || Ok(*bundle))?,
+            }
+        }
+    };
     let app = Arc::new(AppState {
         engine: engine.clone(),
         model,

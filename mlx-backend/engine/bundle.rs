@@ -4,6 +4,7 @@
 use super::error::EngineError;
 use crate::io::GgufFile;
 use crate::model::{self, LoadOptions};
+use crate::runner::tensor_parallel::{self, Follower, Rank, TensorParallelRunner};
 use crate::runner::{MlxModelRunner, ModelRunner, RunnerConfig};
 use crate::tokenizer::{self, ChatTemplate, Tokenizer};
 use std::path::Path;
@@ -126,5 +127,45 @@ impl ModelBundle<crate::runner::RunnerHandle> {
             }
         };
         Ok(parts.with_runner(spawned?).0)
+    }
+}
+
+/// This process's part of a tensor-parallel bundle (see
+/// [`crate::runner::tensor_parallel`]).
+pub enum TensorParallelPart {
+    /// Rank 0: the bundle to serve, over the group's runner.
+    Leader(Box<ModelBundle<TensorParallelRunner>>),
+    /// Any other rank: run [`Follower::follow`] until rank 0 shuts down.
+    Follower(Box<Follower>),
+}
+
+impl ModelBundle<TensorParallelRunner> {
+    /// Join the tensor-parallel group of the environment and load this
+    /// rank's shard (`config.tensor_parallel` names the group's size); rank
+    /// 0 also reads the tokenizer and chat template.
+    pub fn load_tensor_parallel(
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+        config: RunnerConfig,
+    ) -> Result<TensorParallelPart, EngineError> {
+        let path = path.as_ref();
+        let mut runner = match tensor_parallel::start(path, options, config)? {
+            Rank::Follower(f) => return Ok(TensorParallelPart::Follower(f)),
+            Rank::Leader(r) => *r,
+        };
+        let (tokenizer, chat_template) = if path.is_dir() {
+            tokenizer::for_model(path)?
+        } else {
+            tokenizer::for_gguf(&GgufFile::load(path)?)?
+        };
+        let eos_token_ids = merge_eos(&runner.info().eos_token_ids, tokenizer.eos_ids());
+        runner.set_eos_token_ids(eos_token_ids.clone());
+        let tokenizer = tokenizer.with_eos_ids(eos_token_ids.clone());
+        Ok(TensorParallelPart::Leader(Box::new(ModelBundle {
+            runner,
+            tokenizer,
+            chat_template,
+            eos_token_ids,
+        })))
     }
 }

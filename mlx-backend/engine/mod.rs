@@ -46,7 +46,7 @@ mod stop;
 mod stream;
 
 pub use api::Engine;
-pub use bundle::{merge_eos, ModelBundle};
+pub use bundle::{merge_eos, ModelBundle, TensorParallelPart};
 pub use config::EngineConfig;
 pub use error::EngineError;
 pub use metrics::MetricsSnapshot;

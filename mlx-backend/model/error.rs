@@ -58,6 +58,18 @@ pub enum ModelLoadError {
         /// What is wrong with it.
         message: String,
     },
+    /// Tensor parallelism cannot split the model over the group: `size`
+    /// (heads, a width, experts) does not divide into `ranks` parts (or
+    /// not at quantization-group boundaries). Raised before loading.
+    #[error("{what} = {size} cannot be split over {ranks} tensor-parallel ranks")]
+    NotShardable {
+        /// What does not divide.
+        what: String,
+        /// Its size.
+        size: usize,
+        /// The group's size.
+        ranks: usize,
+    },
     /// Reading a tensor file failed.
     #[error(transparent)]
     Load(#[from] LoadError),

@@ -7,6 +7,7 @@ use super::config::{ModelConfig, MoeConfig, RopeScaling};
 use super::error::ModelLoadError;
 use super::kv_cache::LayerKvCache;
 use super::weights::Weights;
+use crate::distributed::Group;
 use crate::kernels::ActivationPrecision;
 use crate::ops::{scaled_dot_product_attention, AttentionMask, Quantized, RopeOffset};
 use crate::{Array, Dtype, OpError};
@@ -379,6 +380,8 @@ pub struct Attention {
     head_dim: i32,
     scale: f32,
     rope: Rope,
+    /// Under tensor parallelism: the group o_proj's partial sums add up over.
+    reduce: Option<Group>,
 }
 
 impl Attention {
@@ -421,6 +424,7 @@ impl Attention {
             head_dim: hd as i32,
             scale: (hd as f32).powf(-0.5),
             rope: Rope::new(c)?,
+            reduce: w.tensor_parallel().cloned(),
         })
     }
 
@@ -444,8 +448,10 @@ impl Attention {
     }
 
     fn output(&self, o: &Array, b: i32, l: i32) -> Result<Array, OpError> {
-        self.o_proj
-            .forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+        let y = self
+            .o_proj
+            .forward(&o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)?;
+        all_sum(y, self.reduce.as_ref())
     }
 
     /// `x [B, L, H]` → `[B, L, H]` for rows that share one cache (and offset),
@@ -578,6 +584,9 @@ pub struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// Under tensor parallelism: the group down_proj's partial sums add up
+    /// over (`None` for a MoE's shared expert, summed with the experts).
+    reduce: Option<Group>,
 }
 
 impl Mlp {
@@ -601,6 +610,7 @@ impl Mlp {
             gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), hidden, inter, false)?,
             up_proj: Linear::load(w, &format!("{prefix}.up_proj"), hidden, inter, false)?,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), inter, hidden, false)?,
+            reduce: w.tensor_parallel().cloned(),
         })
     }
 
@@ -622,7 +632,15 @@ impl Mlp {
                 .silu()?
                 .mul(&self.up_proj.forward(x)?)?,
         };
-        self.down_proj.forward(&h)
+        all_sum(self.down_proj.forward(&h)?, self.reduce.as_ref())
+    }
+}
+
+/// `y` summed over the tensor-parallel group, or `y` itself without one.
+fn all_sum(y: Array, group: Option<&Group>) -> Result<Array, OpError> {
+    match group {
+        Some(g) => g.all_sum(&y),
+        None => Ok(y),
     }
 }
 
@@ -672,6 +690,9 @@ pub struct SparseMoe {
     shared: Option<(Mlp, Linear)>,
     top_k: i32,
     norm_topk_prob: bool,
+    /// Under tensor parallelism: the group, and the first of the experts
+    /// this rank owns (the stacked weights hold only those).
+    tensor_parallel: Option<(Group, i32)>,
 }
 
 impl SparseMoe {
@@ -682,14 +703,21 @@ impl SparseMoe {
         moe: &MoeConfig,
     ) -> Result<SparseMoe, ModelLoadError> {
         let (h, e, inter) = (c.hidden_size, moe.num_experts, moe.moe_intermediate_size);
+        let group = w.tensor_parallel();
+        let ranks = group.map_or(1, |g| g.size());
+        let local = super::shard::experts_per_rank(e, ranks);
+        let tensor_parallel = group.map(|g| (g.clone(), (g.rank() * local) as i32));
         let shared = if moe.shared_expert_intermediate_size > 0 {
+            let mut mlp = Mlp::load(
+                w,
+                &format!("{prefix}.shared_expert"),
+                h,
+                moe.shared_expert_intermediate_size,
+            )?;
+            // Summed once with the experts' part.
+            mlp.reduce = None;
             Some((
-                Mlp::load(
-                    w,
-                    &format!("{prefix}.shared_expert"),
-                    h,
-                    moe.shared_expert_intermediate_size,
-                )?,
+                mlp,
                 Linear::load(w, &format!("{prefix}.shared_expert_gate"), h, 1, false)?,
             ))
         } else {
@@ -698,12 +726,13 @@ impl SparseMoe {
         let sw = format!("{prefix}.switch_mlp");
         Ok(SparseMoe {
             router: Linear::load(w, &format!("{prefix}.gate"), h, e, false)?,
-            gate_proj: SwitchLinear::load(w, &format!("{sw}.gate_proj"), e, h, inter)?,
-            up_proj: SwitchLinear::load(w, &format!("{sw}.up_proj"), e, h, inter)?,
-            down_proj: SwitchLinear::load(w, &format!("{sw}.down_proj"), e, inter, h)?,
+            gate_proj: SwitchLinear::load(w, &format!("{sw}.gate_proj"), local, h, inter)?,
+            up_proj: SwitchLinear::load(w, &format!("{sw}.up_proj"), local, h, inter)?,
+            down_proj: SwitchLinear::load(w, &format!("{sw}.down_proj"), local, inter, h)?,
             shared,
             top_k: moe.num_experts_per_tok as i32,
             norm_topk_prob: moe.norm_topk_prob,
+            tensor_parallel,
         })
     }
 
@@ -717,6 +746,23 @@ impl SparseMoe {
             scores = scores.div(&scores.sum(&[-1], true)?)?;
         }
         debug_assert!(e >= k);
+        // Under tensor parallelism a rank runs only the chosen experts it
+        // owns: the others get weight 0 (and a valid local index), so its
+        // combine is its part of the full one.
+        let (inds, scores) = match &self.tensor_parallel {
+            None => (inds, scores),
+            Some((group, first)) => {
+                let local_count = e / group.size() as i32;
+                let local = inds.astype(Dtype::I32)?.add_scalar(-(*first as f64))?;
+                let owned = local
+                    .ge(&local.scalar_like(0.0)?)?
+                    .logical_and(&local.lt(&local.scalar_like(local_count as f64)?)?)?;
+                let local = crate::ops::where_(&owned, &local, &local.scalar_like(0.0)?)?
+                    .astype(inds.dtype())?;
+                let scores = scores.mul(&owned.astype(scores.dtype())?)?;
+                (local, scores)
+            }
+        };
         let xe = x.expand_dims(&[-2, -3])?;
         let y = match (&self.gate_proj, &self.up_proj) {
             (SwitchLinear::Quantized(g, activations), SwitchLinear::Quantized(u, _)) => {
@@ -735,7 +781,7 @@ impl SparseMoe {
             let shared = mlp.forward(x)?.mul(&gate.forward(x)?.sigmoid()?)?;
             out = out.add(&shared)?;
         }
-        Ok(out)
+        all_sum(out, self.tensor_parallel.as_ref().map(|(g, _)| g))
     }
 }
 
@@ -754,6 +800,11 @@ pub(crate) fn fused_decoder_layer<'a>(
             Linear::Quantized { q, bias, .. } => Some((q, bias.as_ref())),
             Linear::Dense { .. } => None,
         }
+    }
+    // The fused block has no collective inside: a sharded block runs op
+    // by op, with its all_sums.
+    if attn.reduce.is_some() || mlp.reduce.is_some() {
+        return None;
     }
     let activations = match &attn.q_proj {
         Linear::Quantized { activations, .. } => *activations,

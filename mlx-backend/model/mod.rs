@@ -14,6 +14,7 @@ mod llama;
 mod qwen2;
 mod qwen3;
 mod qwen_moe;
+mod shard;
 pub mod synthetic;
 mod transformer;
 mod weights;
@@ -98,7 +99,7 @@ pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<LoadedModel
     let path = path.as_ref();
     if path.is_dir() {
         let (config, tensors) = read_hf_folder(path)?;
-        let model = build(config, tensors, false, options)?;
+        let model = build(config, tensors, false, options, None)?;
         return Ok(LoadedModel {
             model,
             format: ModelFormat::HfFolder,
@@ -121,11 +122,62 @@ pub fn load_gguf(file: &GgufFile, options: &LoadOptions) -> Result<LoadedModel, 
         dtype: options.dtype.or(Some(Dtype::F32)),
         ..options.clone()
     };
-    let model = build(config, tensors, true, &options)?;
+    let model = build(config, tensors, true, &options, None)?;
     Ok(LoadedModel {
         model,
         format: ModelFormat::Gguf,
         path: PathBuf::from(file.path()),
+    })
+}
+
+/// Load this rank's tensor-parallel shard of a GGUF file or HF folder
+/// (Megatron-style; the rules are in docs/distributed.md): attention heads,
+/// MLP widths and experts divided over `group`, whose ranks must all load
+/// the same model with the same options. The sizes are checked before any
+/// tensor is read: [`ModelLoadError::NotShardable`] names the one that does
+/// not divide. The model's `config` then describes the shard (its heads
+/// and widths per rank).
+pub fn load_shard(
+    path: impl AsRef<Path>,
+    options: &LoadOptions,
+    group: &crate::distributed::Group,
+) -> Result<LoadedModel, ModelLoadError> {
+    let path = path.as_ref();
+    let ranks = group.size();
+    let quant_group = |config: &ModelConfig, gguf: bool| {
+        config
+            .quantization
+            .as_ref()
+            .map(|q| q.default.group_size as usize)
+            .or(options.quantize.map(|q| q.group_size as usize))
+            .or(gguf.then_some(32))
+    };
+    if path.is_dir() {
+        let config_path = path.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|e| io_err(&config_path, e))?;
+        let config = ModelConfig::from_json(&text, &config_path.display().to_string())?;
+        shard::check(&config, ranks, quant_group(&config, false))?;
+        let (config, tensors) = read_hf_folder(path)?;
+        let model = build(config, tensors, false, options, Some(group))?;
+        return Ok(LoadedModel {
+            model,
+            format: ModelFormat::HfFolder,
+            path: path.to_path_buf(),
+        });
+    }
+    let file = GgufFile::load(path)?;
+    let config = ModelConfig::from_gguf(&file)?;
+    shard::check(&config, ranks, quant_group(&config, true))?;
+    let tensors = gguf::tensors(&file)?;
+    let options = LoadOptions {
+        dtype: options.dtype.or(Some(Dtype::F32)),
+        ..options.clone()
+    };
+    let model = build(config, tensors, true, &options, Some(group))?;
+    Ok(LoadedModel {
+        model,
+        format: ModelFormat::Gguf,
+        path: path.to_path_buf(),
     })
 }
 
@@ -134,6 +186,7 @@ fn build(
     mut tensors: BTreeMap<String, Array>,
     from_gguf: bool,
     options: &LoadOptions,
+    tensor_parallel: Option<&crate::distributed::Group>,
 ) -> Result<Transformer, ModelLoadError> {
     qwen_moe::stack_experts(&mut tensors, &config)?;
     let mut weights = Weights::new(tensors, config.quantization.clone(), from_gguf);
@@ -154,6 +207,14 @@ fn build(
                 overrides: Vec::new(),
             });
         }
+    }
+    if let Some(group) = tensor_parallel.filter(|g| g.size() > 1) {
+        // Quantized first (as one process would), then split: each rank's
+        // groups are exactly the single-process model's.
+        shard::check(&config, group.size(), None)?;
+        shard::shard_tensors(weights.tensors_mut(), group.rank(), group.size())?;
+        config = shard::shard_config(&config, group.size());
+        weights.set_tensor_parallel(group.clone());
     }
     match config.architecture {
         Architecture::Llama => llama::load(config, &weights),

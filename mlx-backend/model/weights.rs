@@ -17,6 +17,8 @@ pub struct Weights {
     activations: ActivationPrecision,
     /// The dtype [`Weights::cast_floats`] cast to, if it ran.
     float_dtype: Option<crate::Dtype>,
+    /// The tensor-parallel group these weights are one rank's shard for.
+    tensor_parallel: Option<crate::distributed::Group>,
 }
 
 impl Weights {
@@ -31,7 +33,24 @@ impl Weights {
             infer_quantization,
             activations: ActivationPrecision::Exact,
             float_dtype: None,
+            tensor_parallel: None,
         }
+    }
+
+    /// Mark these weights as one rank's shard (see `model::shard`): the
+    /// layers built from them sum their partial outputs over `group`.
+    pub fn set_tensor_parallel(&mut self, group: crate::distributed::Group) {
+        self.tensor_parallel = Some(group);
+    }
+
+    /// The group the layers sum their partial outputs over, if sharded.
+    pub fn tensor_parallel(&self) -> Option<&crate::distributed::Group> {
+        self.tensor_parallel.as_ref()
+    }
+
+    /// The tensors by name, for sharding before the layers are built.
+    pub fn tensors_mut(&mut self) -> &mut BTreeMap<String, Array> {
+        &mut self.tensors
     }
 
     pub fn set_activations(&mut self, activations: ActivationPrecision) {

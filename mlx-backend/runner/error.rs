@@ -98,6 +98,10 @@ pub enum RunnerError {
     /// Loading the model failed.
     #[error(transparent)]
     Load(#[from] ModelLoadError),
+    /// A tensor-parallel group failed: a peer was lost, timed out or the
+    /// group could not be formed.
+    #[error(transparent)]
+    Distributed(#[from] crate::distributed::DistributedError),
     /// This runner does not implement the named call.
     #[error("this runner does not support {0}")]
     Unsupported(&'static str),

@@ -32,6 +32,16 @@ pub struct RunnerConfig {
     /// Run the fused kernels once on the model's shapes at load, so a kernel
     /// that cannot run is found (and remembered as failed) before serving.
     pub warmup_kernels: bool,
+    /// Tensor parallelism over this many ranks, the group of the
+    /// environment (`mlx.launch` or `distributed::launch`); such a runner is
+    /// started with [`tensor_parallel::start`](super::tensor_parallel::start).
+    /// `None`: one process.
+    pub tensor_parallel: Option<usize>,
+    /// Under tensor parallelism: how long rank 0 waits for a step (or for
+    /// the group to form) before failing with a typed error, and how long a
+    /// follower waits to hear from rank 0 before exiting. It must exceed
+    /// the slowest step.
+    pub peer_timeout: std::time::Duration,
 }
 
 impl Default for RunnerConfig {
@@ -43,6 +53,8 @@ impl Default for RunnerConfig {
             pool_limit: 64,
             release_missing_on_decode: false,
             warmup_kernels: true,
+            tensor_parallel: None,
+            peer_timeout: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -99,16 +111,39 @@ impl MlxModelRunner {
         options: &LoadOptions,
         config: RunnerConfig,
     ) -> Result<MlxModelRunner, RunnerError> {
+        if config.tensor_parallel.is_some_and(|n| n > 1) {
+            return Err(RunnerError::Unsupported(
+                "tensor_parallel in MlxModelRunner::load (use runner::tensor_parallel::start)",
+            ));
+        }
         let loaded = model::load(path, options)?;
+        Ok(Self::warmed_up(loaded.model, config))
+    }
+
+    /// Load this rank's shard of a model for tensor parallelism over
+    /// `group` (see [`model::load_shard`]); what
+    /// [`tensor_parallel::start`](super::tensor_parallel::start) runs on
+    /// every rank.
+    pub fn load_shard(
+        path: impl AsRef<Path>,
+        options: &LoadOptions,
+        config: RunnerConfig,
+        group: &crate::distributed::Group,
+    ) -> Result<MlxModelRunner, RunnerError> {
+        let loaded = model::load_shard(path, options, group)?;
+        Ok(Self::warmed_up(loaded.model, config))
+    }
+
+    fn warmed_up(model: Transformer, config: RunnerConfig) -> MlxModelRunner {
         let warmup = config.warmup_kernels;
-        let runner = MlxModelRunner::new(loaded.model, config);
+        let runner = MlxModelRunner::new(model, config);
         if warmup {
             // A failing kernel is remembered and falls back; serving goes on.
             if let Err(e) = crate::kernels::warmup_for_model(&runner.model.kernel_dims()) {
                 eprintln!("mlx-backend: kernel warmup: {e}");
             }
         }
-        Ok(runner)
+        runner
     }
 
     /// The model it runs.

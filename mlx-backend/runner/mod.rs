@@ -2,6 +2,7 @@
 //! SGLang's worker calls its MlxModelRunner. [`MlxModelRunner`] owns the
 //! model, one KV cache per request and the sampler; [`RunnerHandle`] puts it
 //! on a thread of its own so an async, multi-threaded engine can share it.
+//! [`tensor_parallel`] splits one model over a distributed group.
 
 mod batch;
 mod error;
@@ -10,6 +11,7 @@ mod kv;
 mod metrics;
 mod mlx_runner;
 pub mod sampler;
+pub mod tensor_parallel;
 
 pub use batch::{
     ForwardBatch, ForwardMode, ForwardOutput, RequestId, RequestInput, RequestOutput,
