@@ -376,13 +376,19 @@ fn compile_bridge(backend: Backend, mlx_dir: &Path, include_dir: &Path) {
             .unwrap_or_else(|| include_dir.to_path_buf());
         build
             .define("MLX_BACKEND_METAL", None)
-            .define("MLX_BACKEND_METALLIB", Some(format!("{:?}", metallib.display().to_string()).as_str()))
+            .define(
+                "MLX_BACKEND_METALLIB",
+                Some(format!("{:?}", metallib.display().to_string()).as_str()),
+            )
             .define(
                 "MLX_BACKEND_METAL_LIBRARY",
                 Some(format!("{:?}", metal::LIBRARY_NAME).as_str()),
             )
             .include(metal_cpp);
-        println!("cargo:rustc-env=MLX_BACKEND_METALLIB={}", metallib.display());
+        println!(
+            "cargo:rustc-env=MLX_BACKEND_METALLIB={}",
+            metallib.display()
+        );
     }
     build.compile("mlx_backend_bridge");
     for bridge in BRIDGES {

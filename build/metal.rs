@@ -25,7 +25,9 @@ pub const LIBRARY_NAME: &str = "mlx_backend";
 fn compiler(env_var: fn(&str) -> Option<String>) -> Vec<String> {
     match env_var("MLX_BACKEND_METAL_CC") {
         Some(cc) => cc.split_whitespace().map(str::to_string).collect(),
-        None => ["xcrun", "-sdk", "macosx", "metal"].map(str::to_string).to_vec(),
+        None => ["xcrun", "-sdk", "macosx", "metal"]
+            .map(str::to_string)
+            .to_vec(),
     }
 }
 
@@ -57,7 +59,9 @@ fn run(mut cmd: Command, what: &str, fail: fn(&str) -> !) {
         ))
     });
     if !status.success() {
-        fail(&format!("the Metal compiler failed on {what} (its errors are above)"));
+        fail(&format!(
+            "the Metal compiler failed on {what} (its errors are above)"
+        ));
     }
 }
 
@@ -80,8 +84,15 @@ pub fn compile_metallib(
         println!("cargo:rerun-if-changed={}", source.display());
         let stem = format!(
             "{}_{}",
-            source.parent().and_then(|p| p.file_name()).and_then(|s| s.to_str()).unwrap_or("op"),
-            source.file_stem().and_then(|s| s.to_str()).unwrap_or("kernels")
+            source
+                .parent()
+                .and_then(|p| p.file_name())
+                .and_then(|s| s.to_str())
+                .unwrap_or("op"),
+            source
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("kernels")
         );
         let air = air_dir.join(format!("{stem}.air"));
         let mut cmd = Command::new(&cc[0]);
@@ -89,7 +100,14 @@ pub fn compile_metallib(
             // As MLX builds its own kernels: exact IEEE arithmetic (the
             // bodies match the unfused graph's roundings), Metal 3.1 for
             // native bfloat (macOS 14).
-            .args(["-x", "metal", "-Wall", "-Wextra", "-fno-fast-math", "-std=metal3.1"])
+            .args([
+                "-x",
+                "metal",
+                "-Wall",
+                "-Wextra",
+                "-fno-fast-math",
+                "-std=metal3.1",
+            ])
             .arg("-mmacosx-version-min=14.0")
             .arg("-I")
             .arg(root)
@@ -109,8 +127,17 @@ pub fn compile_metallib(
     // metallib sits beside metal in the toolchain; an overridden compiler
     // names its own folder's metallib.
     let mut cmd = match env_var("MLX_BACKEND_METAL_CC") {
-        Some(_) if Path::new(&cc[0]).parent().is_some_and(|d| d.join("metallib").is_file()) => {
-            Command::new(Path::new(&cc[0]).parent().unwrap_or(Path::new(".")).join("metallib"))
+        Some(_)
+            if Path::new(&cc[0])
+                .parent()
+                .is_some_and(|d| d.join("metallib").is_file()) =>
+        {
+            Command::new(
+                Path::new(&cc[0])
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join("metallib"),
+            )
         }
         _ => {
             let mut c = Command::new("xcrun");
