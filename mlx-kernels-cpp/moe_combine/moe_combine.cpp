@@ -4,6 +4,7 @@
 #include "mlx-backend/mlx-backend/kernels/moe_combine/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "moe_combine/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
 #include "moe_combine/metal.h"
 #endif
 

@@ -5,6 +5,7 @@
 #include "mlx-backend/mlx-backend/kernels/quantized_matmul/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "quantized_matmul/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
 #include "quantized_matmul/metal.h"
 #endif
 

@@ -4,6 +4,7 @@
 #include "mlx-backend/mlx-backend/kernels/rms_norm/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "rms_norm/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
 #include "rms_norm/metal.h"
 #endif
 
