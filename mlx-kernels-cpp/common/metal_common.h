@@ -55,5 +55,5 @@ inline float group_sum(
 
 // Instantiates `kernel<...>` under the host name `name` (MLX's
 // `instantiate_kernel` in backend/metal/kernels/utils.h).
-#define MLX_BACKEND_INSTANTIATE(name, kernel, ...) \
-  template [[host_name(name)]] [[kernel]] decltype(kernel<__VA_ARGS__>) kernel<__VA_ARGS__>;
+#define MLX_BACKEND_INSTANTIATE(name, func, ...) \
+  template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;
