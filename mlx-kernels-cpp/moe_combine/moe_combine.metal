@@ -10,10 +10,10 @@
 
 using namespace mlx_backend_metal;
 
-// Contraction of a·b + c into one fused multiply-add would round once
-// where the contract rounds twice; -fno-fast-math keeps it off, and this
-// pragma says so where a compiler's default might differ.
-#pragma METAL fp contract(off)
+// The product and the sum are separate statements: a fused multiply-add
+// would round once where the contract rounds twice, and with
+// -fno-fast-math (build/metal.rs) the compiler contracts only within one
+// expression.
 
 // The most experts per token (CUDA_MAX_TOP_K in moe_combine/mod.rs).
 constant constexpr int kMaxTopK = 64;
