@@ -20,10 +20,10 @@ use std::process::Command;
 /// The library's name as `get_library` caches it.
 pub const LIBRARY_NAME: &str = "mlx_backend";
 
-/// The Metal compiler: `MLX_BACKEND_METAL_CC` (a command line, split on
-/// whitespace) or `xcrun -sdk macosx metal`.
-fn compiler(env_var: fn(&str) -> Option<String>) -> Vec<String> {
-    match env_var("MLX_BACKEND_METAL_CC") {
+/// The Metal compiler: `MLX_BACKEND_METAL_CC` (`overridden`, a command
+/// line split on whitespace) or `xcrun -sdk macosx metal`.
+fn compiler(overridden: Option<&str>) -> Vec<String> {
+    match overridden {
         Some(cc) => cc.split_whitespace().map(str::to_string).collect(),
         None => ["xcrun", "-sdk", "macosx", "metal"]
             .map(str::to_string)
@@ -76,7 +76,11 @@ pub fn compile_metallib(
     out_dir: &Path,
     fail: fn(&str) -> !,
 ) -> PathBuf {
-    let cc = compiler(env_var);
+    let cc_env = env_var("MLX_BACKEND_METAL_CC");
+    let cc = compiler(cc_env.as_deref());
+    if cc.is_empty() {
+        fail("MLX_BACKEND_METAL_CC is set but names no command");
+    }
     let air_dir = out_dir.join("metal");
     let _ = std::fs::create_dir_all(&air_dir);
     let mut airs = Vec::new();
@@ -126,7 +130,7 @@ pub fn compile_metallib(
     let lib = out_dir.join(format!("{LIBRARY_NAME}.metallib"));
     // metallib sits beside metal in the toolchain; an overridden compiler
     // names its own folder's metallib.
-    let mut cmd = match env_var("MLX_BACKEND_METAL_CC") {
+    let mut cmd = match cc_env {
         Some(_)
             if Path::new(&cc[0])
                 .parent()
