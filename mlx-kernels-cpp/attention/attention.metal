@@ -23,12 +23,15 @@ template <typename T, int PER_LANE>
     const device T* v [[buffer(2)]],
     device T* out [[buffer(3)]],
     constant MetalAttentionArgs& a [[buffer(4)]],
+    // The grid attributes share one vector width, as Metal requires.
     uint3 tg [[threadgroup_position_in_grid]],
-    uint tid [[thread_position_in_threadgroup]],
-    uint threads [[threads_per_threadgroup]],
+    uint3 tid3 [[thread_position_in_threadgroup]],
+    uint3 threads3 [[threads_per_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg [[simdgroup_index_in_threadgroup]]) {
   constexpr int kGroups = kMetalAttentionSimdgroups;
+  const uint tid = tid3.x;
+  const uint threads = threads3.x;
   const int row = tg.x;
   const int h = tg.y;
   const int b = tg.z;
