@@ -15,6 +15,8 @@ use std::process::Command;
 
 #[path = "build/cuda.rs"]
 mod cuda;
+#[path = "build/metal.rs"]
+mod metal;
 
 const MLX_VERSION: &str = "0.32.4";
 
@@ -29,11 +31,16 @@ fn env_var(name: &str) -> Option<String> {
 enum Backend {
     Cpu,
     Cuda,
+    /// macOS: MLX's only macOS build is its Metal one (`mlx-metal`); the
+    /// `metal` feature decides whether this crate's Metal bodies are built.
+    Metal,
 }
 
 impl Backend {
     fn from_env() -> Backend {
-        if env_var("CARGO_FEATURE_CUDA").is_some() {
+        if target_is_macos() {
+            Backend::Metal
+        } else if env_var("CARGO_FEATURE_CUDA").is_some() {
             Backend::Cuda
         } else {
             Backend::Cpu
@@ -44,19 +51,33 @@ impl Backend {
         match self {
             Backend::Cpu => "cpu",
             Backend::Cuda => "cuda-13",
+            Backend::Metal => "metal",
         }
     }
 
-    /// The pip requirements that provide libmlx for this backend.
+    /// The pip requirements that provide libmlx for this backend (installed
+    /// without dependencies, so each wheel holding a part is named).
     fn wheels(self) -> Vec<String> {
         let mut wheels = vec![format!("mlx=={MLX_VERSION}")];
         match self {
-            Backend::Cpu if cfg!(target_os = "macos") => {}
             Backend::Cpu => wheels.push(format!("mlx-cpu=={MLX_VERSION}")),
             Backend::Cuda => wheels.push(format!("mlx-cuda-13=={MLX_VERSION}")),
+            // libmlx.dylib, mlx.metallib and the headers (metal_cpp included).
+            Backend::Metal => wheels.push(format!("mlx-metal=={MLX_VERSION}")),
         }
         wheels
     }
+}
+
+/// Whether the target (not the host running this script) is macOS.
+fn target_is_macos() -> bool {
+    env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "macos")
+}
+
+/// Whether this build compiles the Metal bodies: macOS with feature `metal`
+/// (a default feature, without effect elsewhere).
+fn metal_bodies(backend: Backend) -> bool {
+    backend == Backend::Metal && env_var("CARGO_FEATURE_METAL").is_some()
 }
 
 fn fail(message: &str) -> ! {
@@ -74,6 +95,12 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
+    if backend == Backend::Metal {
+        // The Metal bodies' metal-cpp calls; libmlx links the same ones.
+        for framework in ["Metal", "Foundation", "QuartzCore", "Accelerate"] {
+            println!("cargo:rustc-link-lib=framework={framework}");
+        }
+    }
     // This package's own tests, examples and benches find libmlx in place.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     // Exported to dependents as DEP_MLX_LIB_DIR / DEP_MLX_INCLUDE / DEP_MLX_ROOT.
@@ -169,8 +196,9 @@ fn mlx_from_cache(backend: Backend) -> PathBuf {
     let partial = target.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
     let python = python();
-    // The CPU wheels need nothing else; the CUDA wheel needs its NVIDIA runtime wheels.
-    let mut cmd = pip_install(&python, &partial, backend == Backend::Cpu);
+    // The CPU and Metal wheels need nothing else; the CUDA wheel needs its
+    // NVIDIA runtime wheels.
+    let mut cmd = pip_install(&python, &partial, backend != Backend::Cuda);
     cmd.args(backend.wheels());
     println!(
         "cargo:warning=fetching MLX {MLX_VERSION} ({}) with pip into {}",
@@ -254,7 +282,8 @@ fn check_version(include_dir: &Path) {
 
 /// The C++ translation units: the MLX bridge and one Primitive per kernel
 /// folder, plus the backend files of this build's GPU backend (`cuda.cpp`
-/// and `cuda_*.cpp` with feature `cuda`; `metal*.cpp` on macOS).
+/// and `cuda_*.cpp` with feature `cuda`; `metal.cpp` and `metal_*.cpp` on
+/// macOS with feature `metal`).
 fn cpp_sources(backend: Backend) -> Vec<PathBuf> {
     let root = Path::new("mlx-kernels-cpp");
     let mut sources = Vec::new();
@@ -271,7 +300,7 @@ fn cpp_sources(backend: Backend) -> Vec<PathBuf> {
             let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
             let wanted = match stem.split('_').next() {
                 Some("cuda") => backend == Backend::Cuda,
-                Some("metal") => false,
+                Some("metal") => metal_bodies(backend),
                 _ => true,
             };
             if wanted && path.extension().is_some_and(|e| e == "cpp") {
@@ -329,12 +358,45 @@ fn compile_bridge(backend: Backend, mlx_dir: &Path, include_dir: &Path) {
             .include(mlx_dir.join("../nvidia/cu13/include"))
             .include("mlx-kernels-cpp/common/fmt_shim");
     }
+    if metal_bodies(backend) {
+        let out_dir =
+            PathBuf::from(env::var("OUT_DIR").unwrap_or_else(|_| fail("OUT_DIR is not set")));
+        let metallib = metal::compile_metallib(
+            env_var,
+            Path::new("mlx-kernels-cpp"),
+            include_dir,
+            &out_dir,
+            fail,
+        );
+        // metal-cpp sits in the wheel's include/metal_cpp; a Homebrew or
+        // source install may keep it elsewhere under include/.
+        let metal_cpp = [include_dir.join("metal_cpp"), include_dir.join("metal-cpp")]
+            .into_iter()
+            .find(|d| d.join("Metal/Metal.hpp").is_file())
+            .unwrap_or_else(|| include_dir.to_path_buf());
+        build
+            .define("MLX_BACKEND_METAL", None)
+            .define(
+                "MLX_BACKEND_METALLIB",
+                Some(format!("{:?}", metallib.display().to_string()).as_str()),
+            )
+            .define(
+                "MLX_BACKEND_METAL_LIBRARY",
+                Some(format!("{:?}", metal::LIBRARY_NAME).as_str()),
+            )
+            .include(metal_cpp);
+        println!(
+            "cargo:rustc-env=MLX_BACKEND_METALLIB={}",
+            metallib.display()
+        );
+    }
     build.compile("mlx_backend_bridge");
     for bridge in BRIDGES {
         println!("cargo:rerun-if-changed={bridge}");
     }
     println!("cargo:rerun-if-changed=mlx-kernels-cpp");
     println!("cargo:rerun-if-changed=build/cuda.rs");
+    println!("cargo:rerun-if-changed=build/metal.rs");
     for source in &sources {
         println!("cargo:rerun-if-changed={}", source.display());
     }

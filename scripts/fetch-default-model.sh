@@ -22,7 +22,14 @@ DEST_DIR="$CACHE/models"
 DEST="$DEST_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
 PY="${PYTHON:-python3}"
 
-sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+# sha256sum (GNU) or shasum (macOS, which has no sha256sum).
+sha256_of() {
+  if command -v sha256sum >/dev/null; then
+    sha256sum "$1" | cut -d' ' -f1
+  else
+    shasum -a 256 "$1" | cut -d' ' -f1
+  fi
+}
 
 if [[ -f "$DEST" ]] && [[ "$(sha256_of "$DEST")" == "$GGUF_SHA256" ]]; then
   echo "$DEST"

@@ -31,16 +31,21 @@ pub(crate) fn build<R>(
 /// kernels, more its tiled kernels (`common/qmm.cuh`).
 pub const CUDA_QMV_MAX_ROWS: usize = 4;
 
-/// The shapes the CUDA quantized bodies cover at any number of rows: K a
-/// multiple of 32 (whole 16-byte weight reads, whole 32-value k-steps of
-/// the tiled kernels), groups of 32, 64 or 128. Other backends: no limit
-/// here.
+/// The most rows of x the Metal quantized bodies take (quantized_matmul
+/// and gate_qmv_silu_mul alike: `common/metal_qmv.h` has only decode
+/// kernels; MLX's own Metal quantized matmul serves prefill).
+pub const METAL_QMV_MAX_ROWS: usize = 4;
+
+/// The shapes the GPU quantized bodies cover: K a multiple of 32 (whole
+/// 16-byte weight reads and 32-value k-steps on CUDA, whole words per
+/// group on Metal), groups of 32, 64 or 128; CUDA at any number of rows,
+/// Metal at most [`METAL_QMV_MAX_ROWS`]. The CPU: no limit here.
 pub(crate) fn quantized_k_eligibility(
     backend: Backend,
     x: &Array,
     group_size: i32,
 ) -> Result<(), FallbackReason> {
-    if backend != Backend::Cuda {
+    if backend == Backend::Cpu {
         return Ok(());
     }
     if !matches!(group_size, 32 | 64 | 128) {
@@ -48,6 +53,9 @@ pub(crate) fn quantized_k_eligibility(
     }
     let k = x.shape().last().copied().unwrap_or(0);
     if k <= 0 || k % 32 != 0 {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    if backend == Backend::Metal && x.size() / k as usize > METAL_QMV_MAX_ROWS {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())

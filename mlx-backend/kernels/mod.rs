@@ -31,9 +31,9 @@ pub mod test_hooks;
 mod warmup;
 
 pub use activation::ActivationPrecision;
-pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM};
+pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, METAL_ATTENTION_MAX_ROWS};
 pub use backend::Backend;
-pub use build::CUDA_QMV_MAX_ROWS;
+pub use build::{CUDA_QMV_MAX_ROWS, METAL_QMV_MAX_ROWS};
 pub use decoder_layer::{decoder_layer, DecoderLayer, DecoderStack, RopeSpec};
 pub use gate_qmv_silu_mul::{
     gate_qmv_silu_mul, gate_qmv_silu_mul_with, gather_gate_qmv_silu_mul,
@@ -41,7 +41,7 @@ pub use gate_qmv_silu_mul::{
 };
 pub use moe_combine::moe_combine;
 pub use quantized_matmul::{quantized_matmul, quantized_matmul_with};
-pub use registry::{has_body, FallbackReason, Kernel, KernelStats, Snapshot};
+pub use registry::{has_body, CpuArch, FallbackReason, Kernel, KernelStats, Snapshot};
 pub use rms_norm::{rms_norm, rms_norm_residual};
 pub use warmup::{AttentionDims, ModelDims, MoeDims, WarmupError, WarmupReport, WarmupSpec};
 

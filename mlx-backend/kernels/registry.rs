@@ -72,9 +72,10 @@ impl Kernel {
     }
 
     /// Whether the kernel is on when neither the environment nor the API
-    /// says otherwise. Every kernel is: each beats MLX's own ops in its
-    /// benchmark (docs/performance.md). A kernel that ever loses one gets
-    /// its arm here.
+    /// says otherwise, before the CPU family is considered
+    /// ([`Kernel::default_enabled_on`]). Every kernel is: each beats MLX's
+    /// own ops in its benchmark (docs/performance.md). A kernel that ever
+    /// loses one gets its arm here.
     pub fn default_enabled(self) -> bool {
         match self {
             Kernel::RmsNorm
@@ -86,8 +87,61 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel is on by default on `backend` for a CPU of
+    /// `arch` (what the registry starts from before the environment and
+    /// the API): [`Kernel::default_enabled`], except that the CPU bodies
+    /// are on only on x86-64. Their speed comes from x86 SIMD paths
+    /// (AVX2/AVX-512/AMX, `kernels/cpu`) and was measured only there
+    /// (docs/performance.md); on other CPUs (Apple silicon's included)
+    /// they run portable code that no one has measured against MLX's own
+    /// Accelerate/NEON ops, so MLX's ops are the default there until NEON
+    /// bodies are written and measured. `MLX_BACKEND_KERNELS=all@cpu`
+    /// turns them on (the macOS CI job tests them that way).
+    pub fn default_enabled_on(self, backend: Backend, arch: CpuArch) -> bool {
+        if !self.default_enabled() {
+            return false;
+        }
+        match (backend, arch) {
+            (Backend::Cpu, CpuArch::X86_64) => true,
+            (Backend::Cpu, CpuArch::Aarch64 | CpuArch::Other) => match self {
+                Kernel::RmsNorm
+                | Kernel::MoeCombine
+                | Kernel::GateQmvSiluMul
+                | Kernel::QuantizedMatmul
+                | Kernel::Attention
+                | Kernel::DecoderLayer => false,
+            },
+            (Backend::Cuda | Backend::Metal, _) => true,
+        }
+    }
+
     fn index(self) -> usize {
         self as usize
+    }
+}
+
+/// The CPU family the CPU bodies run on: their defaults differ by it
+/// ([`Kernel::default_enabled_on`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CpuArch {
+    /// x86-64, where the CPU bodies were written and measured.
+    X86_64,
+    /// 64-bit Arm (Apple silicon, Linux on Arm servers).
+    Aarch64,
+    /// Anything else.
+    Other,
+}
+
+impl CpuArch {
+    /// The CPU this build targets.
+    pub const fn current() -> CpuArch {
+        if cfg!(target_arch = "x86_64") {
+            CpuArch::X86_64
+        } else if cfg!(target_arch = "aarch64") {
+            CpuArch::Aarch64
+        } else {
+            CpuArch::Other
+        }
     }
 }
 
@@ -104,6 +158,7 @@ pub fn has_body(kernel: Kernel, backend: Backend) -> bool {
     use Backend::*;
     use Kernel::*;
     let cuda = cfg!(feature = "cuda");
+    let metal = cfg!(all(feature = "metal", target_os = "macos"));
     match (kernel, backend) {
         (_, Cpu) => true,
         (RmsNorm, Cuda) => cuda,
@@ -112,6 +167,11 @@ pub fn has_body(kernel: Kernel, backend: Backend) -> bool {
         (QuantizedMatmul, Cuda) => cuda,
         (Attention, Cuda) => cuda,
         (DecoderLayer, Cuda) => cuda,
+        (RmsNorm, Metal) => metal,
+        (MoeCombine, Metal) => metal,
+        (GateQmvSiluMul, Metal) => metal,
+        (QuantizedMatmul, Metal) => metal,
+        (Attention, Metal) => metal,
         _ => false,
     }
 }
@@ -239,7 +299,10 @@ fn registry() -> &'static Registry {
         let env = std::env::var(ENV_VAR).unwrap_or_default();
         let switches = parse_switches(&env);
         let slot = |k: Kernel, b: Backend| Slot {
-            enabled: AtomicBool::new(switches[k.index()][b.index()].unwrap_or(k.default_enabled())),
+            enabled: AtomicBool::new(
+                switches[k.index()][b.index()]
+                    .unwrap_or_else(|| k.default_enabled_on(b, CpuArch::current())),
+            ),
             failed: AtomicBool::new(false),
             force_failure: AtomicBool::new(false),
             fused: AtomicU64::new(0),
@@ -528,6 +591,41 @@ mod tests {
             let v = of(&sw, k);
             assert_eq!(v[cpu], Some(k == Kernel::Attention), "{k}");
             assert_eq!((v[cuda], v[metal]), (None, None), "{k}");
+        }
+    }
+
+    #[test]
+    fn cpu_bodies_default_off_except_on_x86_64() {
+        for k in Kernel::ALL {
+            assert!(k.default_enabled_on(Backend::Cpu, CpuArch::X86_64), "{k}");
+            assert!(!k.default_enabled_on(Backend::Cpu, CpuArch::Aarch64), "{k}");
+            assert!(!k.default_enabled_on(Backend::Cpu, CpuArch::Other), "{k}");
+            for arch in [CpuArch::X86_64, CpuArch::Aarch64, CpuArch::Other] {
+                for gpu in [Backend::Cuda, Backend::Metal] {
+                    assert_eq!(k.default_enabled_on(gpu, arch), k.default_enabled(), "{k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn current_arch_matches_the_target() {
+        let want = if cfg!(target_arch = "x86_64") {
+            CpuArch::X86_64
+        } else if cfg!(target_arch = "aarch64") {
+            CpuArch::Aarch64
+        } else {
+            CpuArch::Other
+        };
+        assert_eq!(CpuArch::current(), want);
+    }
+
+    #[test]
+    fn metal_bodies_only_on_macos_with_the_feature() {
+        let metal = cfg!(all(feature = "metal", target_os = "macos"));
+        for k in Kernel::ALL {
+            let want = metal && k != Kernel::DecoderLayer;
+            assert_eq!(has_body(k, Backend::Metal), want, "{k}");
         }
     }
 

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "attention/cuda.h"
+#include "attention/metal.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 #include "mlx-backend/mlx-backend/kernels/attention/bridge.rs.h"
 
@@ -149,7 +150,8 @@ array attention_op(
   // others are made dense inside eval_cpu / eval_gpu: one graph node either way.
   auto primitive = std::make_shared<AttentionPrimitive>(s, std::move(fallback), scale, causal);
   if (s.device == mx::Device::gpu) {
-    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("attention", attention_cuda(scale, causal), nullptr));
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("attention", attention_cuda(scale, causal),
+        attention_metal(scale, causal)));
   }
   return array(q.shape(), q.dtype(), primitive, {q, k, v});
 }

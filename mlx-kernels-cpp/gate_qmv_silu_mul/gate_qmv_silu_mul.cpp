@@ -5,6 +5,8 @@
 #include "mlx-backend/mlx-backend/kernels/gate_qmv_silu_mul/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "quantized_matmul/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
+#include "quantized_matmul/metal.h"
 #endif
 
 namespace mx = mlx::core;
@@ -128,7 +130,8 @@ array gate_qmv_silu_mul_op(
       std::make_shared<GateQmvSiluMulPrimitive>(s, fallback, group_size, bits, activations, false);
   if (s.device == mx::Device::gpu) {
     primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
-        "gate_qmv_silu_mul", gate_qmv_silu_mul_cuda(group_size, bits), nullptr));
+        "gate_qmv_silu_mul", gate_qmv_silu_mul_cuda(group_size, bits),
+        gate_qmv_silu_mul_metal(group_size, bits)));
   }
   return array(shape, x.dtype(), primitive, inputs);
 }
@@ -185,7 +188,8 @@ array gather_gate_qmv_silu_mul_op(
       std::make_shared<GateQmvSiluMulPrimitive>(s, fallback, group_size, bits, activations, true);
   if (s.device == mx::Device::gpu) {
     primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
-        "gather_gate_qmv_silu_mul", gather_gate_qmv_silu_mul_cuda(group_size, bits), nullptr));
+        "gather_gate_qmv_silu_mul", gather_gate_qmv_silu_mul_cuda(group_size, bits),
+        gather_gate_qmv_silu_mul_metal(group_size, bits)));
   }
   return array(shape, x.dtype(), primitive, inputs);
 }

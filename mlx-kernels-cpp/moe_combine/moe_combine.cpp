@@ -4,6 +4,8 @@
 #include "mlx-backend/mlx-backend/kernels/moe_combine/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "moe_combine/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
+#include "moe_combine/metal.h"
 #endif
 
 namespace mx = mlx::core;
@@ -88,7 +90,7 @@ array moe_combine_op(const array& y, const array& scores, bool fused, mx::Stream
   }
   auto primitive = std::make_shared<MoeCombinePrimitive>(s, std::move(fallback));
   if (s.device == mx::Device::gpu) {
-    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("moe_combine", moe_combine_cuda(), nullptr));
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("moe_combine", moe_combine_cuda(), moe_combine_metal()));
     return array(
         combined_shape(y), y.dtype(), primitive, {dense_input(y, s), dense_input(scores, s)});
   }

@@ -5,6 +5,8 @@
 #include "mlx-backend/mlx-backend/kernels/quantized_matmul/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "quantized_matmul/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
+#include "quantized_matmul/metal.h"
 #endif
 
 namespace mx = mlx::core;
@@ -80,7 +82,8 @@ array quantized_matmul_op(
       std::make_shared<QuantizedMatmulPrimitive>(s, fallback, group_size, bits, activations);
   if (s.device == mx::Device::gpu) {
     primitive->set_gpu_body(MLX_BACKEND_GPU_BODY(
-        "quantized_matmul", quantized_matmul_cuda(group_size, bits), nullptr));
+        "quantized_matmul", quantized_matmul_cuda(group_size, bits),
+        quantized_matmul_metal(group_size, bits)));
   }
   return array(shape, mx::promote_types(x.dtype(), w[1].dtype()), primitive, inputs);
 }

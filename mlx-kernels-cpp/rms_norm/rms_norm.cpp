@@ -4,6 +4,8 @@
 #include "mlx-backend/mlx-backend/kernels/rms_norm/bridge.rs.h"
 #if defined(MLX_BACKEND_CUDA)
 #include "rms_norm/cuda.h"
+#elif defined(MLX_BACKEND_METAL)
+#include "rms_norm/metal.h"
 #endif
 
 namespace mx = mlx::core;
@@ -114,7 +116,7 @@ array rms_norm_op(const array& x, const array& w, float eps, bool fused, mx::Str
   }
   auto primitive = std::make_shared<RmsNormPrimitive>(s, std::move(fallback), eps);
   if (s.device == mx::Device::gpu) {
-    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("rms_norm", rms_norm_cuda(eps), nullptr));
+    primitive->set_gpu_body(MLX_BACKEND_GPU_BODY("rms_norm", rms_norm_cuda(eps), rms_norm_metal(eps)));
     return array(x.shape(), x.dtype(), primitive, {dense_input(x, s), dense_input(w, s)});
   }
   // Views are made dense inside eval_cpu (DenseInput), so the graph holds
@@ -144,7 +146,8 @@ std::vector<array> rms_norm_residual_op(
   std::vector<array> inputs{x, residual, w};
   if (s.device == mx::Device::gpu) {
     primitive->set_gpu_body(
-        MLX_BACKEND_GPU_BODY("rms_norm_residual", rms_norm_residual_cuda(eps), nullptr));
+        MLX_BACKEND_GPU_BODY(
+            "rms_norm_residual", rms_norm_residual_cuda(eps), rms_norm_residual_metal(eps)));
     for (auto& in : inputs) {
       in = dense_input(in, s);
     }

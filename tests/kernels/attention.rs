@@ -8,13 +8,19 @@ use crate::kernels_common::{
 };
 use mlx_backend::kernels::{
     attention, registry, Backend, FallbackReason, Kernel, CUDA_ATTENTION_MAX_HEAD_DIM,
+    METAL_ATTENTION_MAX_ROWS,
 };
 use mlx_backend::ops::AttentionMask;
 use mlx_backend::{Array, Dtype};
 
-/// The CUDA body's limit (head_dim); `Ok(())` on other backends.
-fn cuda_limit(q: &Array) -> Result<(), FallbackReason> {
-    if Backend::current() == Backend::Cuda && q.shape()[3] > CUDA_ATTENTION_MAX_HEAD_DIM {
+/// The GPU bodies' limits: head_dim on CUDA and Metal, and on Metal at
+/// most [`METAL_ATTENTION_MAX_ROWS`] query rows; `Ok(())` on the CPU.
+fn gpu_limit(q: &Array) -> Result<(), FallbackReason> {
+    let backend = Backend::current();
+    let gpu = matches!(backend, Backend::Cuda | Backend::Metal);
+    if (gpu && q.shape()[3] > CUDA_ATTENTION_MAX_HEAD_DIM)
+        || (backend == Backend::Metal && q.shape()[2] > METAL_ATTENTION_MAX_ROWS)
+    {
         Err(FallbackReason::UnsupportedShape)
     } else {
         Ok(())
@@ -111,7 +117,7 @@ fn matches_f64_reference() {
                             let scale = 1.0 / (d as f32).sqrt();
                             poison_output(&[&q, &k, &v], &[1, hq, l, d], Dtype::F32);
                             let got = attention(&q, &k, &v, scale, mask_of(causal)).unwrap();
-                            tally.record(cuda_limit(&q));
+                            tally.record(gpu_limit(&q));
                             assert_eq!(got.shape(), vec![1, hq, l, d]);
                             let want = reference(&q, &k, &v, scale, causal);
                             let got = got.to_vec::<f32>().unwrap();
@@ -231,7 +237,7 @@ fn half_precision_wide_heads_and_strided_views() {
                 let fused = registry::stats(Kernel::Attention).fused > before.fused;
                 let takes = match Backend::current() {
                     Backend::Cpu => dtype == Dtype::F32,
-                    _ => fused_expected(Kernel::Attention) && cuda_limit(&qh).is_ok(),
+                    _ => fused_expected(Kernel::Attention) && gpu_limit(&qh).is_ok(),
                 };
                 assert_eq!(fused, takes, "{dtype:?} d {d}: fused {fused}");
                 let got = got.to_f32_vec().unwrap();

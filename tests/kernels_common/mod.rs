@@ -98,11 +98,13 @@ pub fn eval_or_note_mlx_failure(
 /// The most rows of x the CUDA quantized bodies take.
 pub const CUDA_QMV_MAX_ROWS: usize = 4;
 
-/// The CUDA quantized_matmul body's limits: groups of 32, 64 or 128 and K
-/// a multiple of 32, at any number of rows (more than
-/// [`CUDA_QMV_MAX_ROWS`] run its tiled kernels). `Ok(())` on other backends.
+/// The GPU quantized_matmul bodies' limits: groups of 32, 64 or 128 and K
+/// a multiple of 32; on CUDA at any number of rows (more than
+/// [`CUDA_QMV_MAX_ROWS`] run its tiled kernels), on Metal at most
+/// [`CUDA_QMV_MAX_ROWS`] rows (its decode kernels only). `Ok(())` on the CPU.
 pub fn cuda_qmm_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> {
-    if Backend::current() != Backend::Cuda {
+    let backend = Backend::current();
+    if backend == Backend::Cpu {
         return Ok(());
     }
     if !matches!(group_size, 32 | 64 | 128) {
@@ -112,25 +114,28 @@ pub fn cuda_qmm_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> 
     if k <= 0 || k % 32 != 0 {
         return Err(FallbackReason::UnsupportedShape);
     }
-    Ok(())
-}
-
-/// The CUDA dense gate_qmv_silu_mul body's limits: [`cuda_qmm_limit`]'s
-/// and at most [`CUDA_QMV_MAX_ROWS`] rows of x. `Ok(())` on other backends.
-pub fn cuda_qmv_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> {
-    cuda_qmm_limit(x, group_size)?;
-    let k = *x.shape().last().unwrap();
-    if Backend::current() == Backend::Cuda && x.size() / k as usize > CUDA_QMV_MAX_ROWS {
+    if backend == Backend::Metal && x.size() / k as usize > CUDA_QMV_MAX_ROWS {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())
 }
 
-/// The CUDA moe_combine body's limit: at most 64 experts per token (y
-/// `[..., top_k, hidden]`). `Ok(())` on other backends.
+/// The GPU dense gate_qmv_silu_mul body's limits: [`cuda_qmm_limit`]'s
+/// and at most [`CUDA_QMV_MAX_ROWS`] rows of x. `Ok(())` on other backends.
+pub fn cuda_qmv_limit(x: &Array, group_size: i32) -> Result<(), FallbackReason> {
+    cuda_qmm_limit(x, group_size)?;
+    let k = *x.shape().last().unwrap();
+    if Backend::current() != Backend::Cpu && x.size() / k as usize > CUDA_QMV_MAX_ROWS {
+        return Err(FallbackReason::UnsupportedShape);
+    }
+    Ok(())
+}
+
+/// The GPU moe_combine bodies' limit (CUDA and Metal): at most 64 experts
+/// per token (y `[..., top_k, hidden]`). `Ok(())` on the CPU.
 pub fn cuda_moe_limit(y: &Array) -> Result<(), FallbackReason> {
     let shape = y.shape();
-    if Backend::current() == Backend::Cuda && shape[shape.len() - 2] > 64 {
+    if Backend::current() != Backend::Cpu && shape[shape.len() - 2] > 64 {
         Err(FallbackReason::UnsupportedShape)
     } else {
         Ok(())

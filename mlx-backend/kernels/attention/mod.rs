@@ -12,7 +12,9 @@
 //!
 //! Eligibility: no array mask; `S ≥ max(L, 1)` when causal, `S ≥ 1`
 //! otherwise; on the CPU f32 q, k and v; on CUDA f32, f16 or bf16 and
-//! head_dim ≤ 256, any number of query rows. Anything else builds MLX's
+//! head_dim ≤ 256, any number of query rows; on Metal the same dtypes,
+//! head_dim ≤ 256 and at most [`METAL_ATTENTION_MAX_ROWS`] query rows.
+//! Anything else builds MLX's
 //! `fast::scaled_dot_product_attention` (an array mask with
 //! [`FallbackReason::UnsupportedMask`]). The checks run in that order: a
 //! mask MLX's op must take is reported as such before any shape limit.
@@ -40,8 +42,15 @@ use crate::error::OpError;
 use crate::ffi;
 use crate::ops::{scaled_dot_product_attention, stream, AttentionMask};
 
-/// The largest head_dim the CUDA body takes (`kCudaAttentionMaxHeadDim`).
+/// The largest head_dim the CUDA body takes (`kCudaAttentionMaxHeadDim`);
+/// the Metal body's limit too (32 lanes of 8 elements,
+/// `attention/metal_args.h`).
 pub const CUDA_ATTENTION_MAX_HEAD_DIM: i32 = 256;
+
+/// The most query rows per head the Metal body takes (decode and a few
+/// speculative rows; `kMetalAttentionMaxRows`): MLX's own Metal
+/// `scaled_dot_product_attention` serves prefill.
+pub const METAL_ATTENTION_MAX_ROWS: i32 = 4;
 
 fn eligibility(
     backend: Backend,
@@ -70,7 +79,10 @@ fn eligibility(
         _ if ks[2] < 1 => return Err(FallbackReason::UnsupportedMask),
         _ => {}
     }
-    if backend == Backend::Cuda && qs[3] > CUDA_ATTENTION_MAX_HEAD_DIM {
+    let gpu = matches!(backend, Backend::Cuda | Backend::Metal);
+    if (gpu && qs[3] > CUDA_ATTENTION_MAX_HEAD_DIM)
+        || (backend == Backend::Metal && qs[2] > METAL_ATTENTION_MAX_ROWS)
+    {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())

@@ -12,7 +12,8 @@
 //!
 //! Eligibility: x, scales and biases of one dtype (f16/bf16/f32), or f32 x
 //! with f16/bf16 scales and biases (the result is then f32, as MLX
-//! promotes); 4 or 8 bits. The CUDA bodies (dense and expert-indexed) also
+//! promotes); 4 or 8 bits. The GPU bodies (CUDA and Metal, dense and
+//! expert-indexed) also
 //! need groups of 32, 64 or 128, K a multiple of 32 and at most
 //! `CUDA_QMV_MAX_ROWS` (4) rows of x (decode-size batches; MLX's own
 //! quantized matmul is faster from 5 rows on). Other valid quantizations (e.g.

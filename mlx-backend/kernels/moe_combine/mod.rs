@@ -6,8 +6,8 @@
 //! back) and `scores.shape == y.shape[:-1]`. y and scores are f16, bf16 or
 //! f32, independently. The output has y's dtype and shape `[..., hidden]`.
 //!
-//! Bodies: CPU (Rust) and CUDA. Every valid dtype pair is covered; the CUDA
-//! body takes up to 64 experts per token (more build the fallback). The
+//! Bodies: CPU (Rust), CUDA and Metal. Every valid dtype pair is covered;
+//! the GPU bodies take up to 64 experts per token (more build the fallback). The
 //! fallback is `sum(f32(y) · f32(scores)[..., None], -2)` cast to y's dtype.
 
 mod bridge;
@@ -25,12 +25,12 @@ use crate::ops::stream;
 /// The CUDA body keeps each row's top-k weights in shared memory.
 const CUDA_MAX_TOP_K: i32 = 64;
 
-/// Every valid dtype pair is covered on every backend; the CUDA body takes
-/// up to [`CUDA_MAX_TOP_K`] experts per token.
+/// Every valid dtype pair is covered on every backend; the GPU bodies (CUDA
+/// and Metal) take up to [`CUDA_MAX_TOP_K`] experts per token.
 fn eligibility(backend: Backend, y: &Array) -> Result<(), FallbackReason> {
     let shape = y.shape();
     let top_k = shape.len().checked_sub(2).map_or(0, |i| shape[i]);
-    if backend == Backend::Cuda && top_k > CUDA_MAX_TOP_K {
+    if matches!(backend, Backend::Cuda | Backend::Metal) && top_k > CUDA_MAX_TOP_K {
         return Err(FallbackReason::UnsupportedShape);
     }
     Ok(())

@@ -13,8 +13,11 @@
 //! and K a multiple of 32; it takes any number of rows of x: up to
 //! [`CUDA_QMV_MAX_ROWS`](super::CUDA_QMV_MAX_ROWS) run the decode kernels
 //! (`common/qmv.cuh`), more the tiled kernels (`common/qmm.cuh`: tensor
-//! cores for f16/bf16 x, exact f32 FMAs for f32 x). Otherwise the op builds
-//! MLX's `quantized_matmul`.
+//! cores for f16/bf16 x, exact f32 FMAs for f32 x). The Metal body has the
+//! same group and K limits and takes at most
+//! [`METAL_QMV_MAX_ROWS`](super::METAL_QMV_MAX_ROWS) rows (decode kernels
+//! only, `common/metal_qmv.h`). Otherwise the op builds MLX's
+//! `quantized_matmul`.
 //!
 //! [`quantized_matmul_with`] also picks the kernel's [`ActivationPrecision`]
 //! (exact f32, or int8 activations with integer dot products); the fallback
