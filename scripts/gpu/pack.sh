@@ -70,7 +70,7 @@ for t in "${TESTS[@]}"; do
 done
 mkdir -p "$APP/benches"
 [[ -n "$BENCH" ]] && strip -o "$APP/benches/gpu_kernels" "$BENCH"
-for e in generate bench_one_batch; do
+for e in generate bench_one_batch serve; do
   strip -o "$APP/examples/$e" "$CARGO_TARGET_DIR/release/examples/$e"
 done
 cp scripts/gpu/*.sh "$APP/scripts/"
