@@ -4,6 +4,7 @@
 #include "common/fallback_primitive.h"
 #include "mlx_backend_fatbins.h"
 #include "quantized_matmul/qmm_tiles.h"
+#include "quantized_matmul/qmv_shape.h"
 
 namespace mx = mlx::core;
 
@@ -12,30 +13,6 @@ namespace mlx_backend {
 namespace {
 
 constexpr int kWarpsPerBlock = 4; // kQmvWarpsPerBlock in common/qmv.cuh
-
-// The kernel shape for `rows` rows of x (common/qmv.cuh): its rows bucket
-// (the `_r` suffix) and output columns per warp.
-struct QmvShape {
-  int rows;
-  int cols;
-};
-
-QmvShape qmv_shape(int rows, bool pair) {
-  if (rows <= 1) {
-    return {1, 1};
-  }
-  if (rows <= 2) {
-    return {2, 2};
-  }
-  return {4, pair ? 2 : 4};
-}
-
-// Which projection a QmvCuda launches.
-enum class QmvForm {
-  Plain, // out = x·wᵀ
-  Gate, // out = silu(x·gateᵀ)·(x·upᵀ)
-  GatherGate, // Gate with each (row, k) pair's expert from indices
-};
 
 class QmvCuda : public GpuBody {
  public:

@@ -4,6 +4,7 @@
 
 #include "common/fallback_primitive.h"
 #include "common/metal_launch.h"
+#include "quantized_matmul/qmv_shape.h"
 
 namespace mx = mlx::core;
 
@@ -12,29 +13,6 @@ namespace mlx_backend {
 namespace {
 
 constexpr int kSimdgroups = 4; // kQmvSimdgroups in common/metal_qmv.h
-
-// The kernel shape for `rows` rows of x: its rows bucket (the `_r` suffix)
-// and output columns per simdgroup, as quantized_matmul/cuda.cpp picks them.
-struct QmvShape {
-  int rows;
-  int cols;
-};
-
-QmvShape qmv_shape(int rows, bool pair) {
-  if (rows <= 1) {
-    return {1, 1};
-  }
-  if (rows <= 2) {
-    return {2, 2};
-  }
-  return {4, pair ? 2 : 4};
-}
-
-enum class QmvForm {
-  Plain, // out = x·wᵀ
-  Gate, // out = silu(x·gateᵀ)·(x·upᵀ)
-  GatherGate, // Gate with each (row, k) pair's expert from indices
-};
 
 class QmvMetal : public GpuBody {
  public:
