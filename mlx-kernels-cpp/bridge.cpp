@@ -1,5 +1,6 @@
 // Shims over mlx::core for the cxx bridge; see bridge.h.
 #include "bridge.h"
+#include "common/affine_qmm.h"
 
 #include <cmath>
 #include <cstring>
@@ -693,8 +694,8 @@ ArrayPtr quantized_matmul(
     int32_t bits,
     StreamSpec s) {
   check_quantization("quantized_matmul", group_size, bits);
-  return wrap(mx::quantized_matmul(
-      x, w, scales, opt(biases), transpose, group_size, bits, "affine", to_stream(s)));
+  return wrap(affine_quantized_matmul(
+      x, w, scales, opt(biases), transpose, group_size, bits, to_stream(s)));
 }
 
 ArrayPtr gather_qmm(

@@ -190,6 +190,9 @@ fn check(v: Variant, caps: &[i32], offsets: &[i32], seed: u64) {
     let x = normal(&[caps.len() as i32, 1, H], v.act, 0.0, 1.0, seed + 2000);
     let (mut want, mut want_rows) = run(false, &v, &w, &x, &cache, offsets);
     let (got, got_rows) = run(true, &v, &w, &x, &cache, offsets);
+    // How far MLX's own ops on this device are from the same graph on the
+    // CPU (0 on the CPU).
+    let mut mlx_gpu_err = 0.0;
     if Backend::current() != Backend::Cpu {
         // The same graph on the CPU is the reference a GPU body answers to:
         // MLX's own GPU ops are not exact on every quantization (reported).
@@ -203,15 +206,18 @@ fn check(v: Variant, caps: &[i32], offsets: &[i32], seed: u64) {
             );
         }
         (want, want_rows) = (cpu, cpu_rows);
+        mlx_gpu_err = gpu_err;
     }
     // x rounded to int8 per 32 values (int16 per word of W) before each
     // projection (CPU kernel): compare whole tensors (the error, ~1e-2
     // (~4e-5) of the signal, is spread evenly; exact is ~5e-7). Half
     // activations round where MLX's ops round; a sum that lands on the
     // other side of a rounding moves one ulp (2^-8 in bf16) and what
-    // follows it.
+    // follows it; on a GPU the step may be as far from the CPU graph as
+    // MLX's own GPU ops are (their reductions round in another order),
+    // with a quarter of margin.
     let bound = match (v.act, v.activations) {
-        (Dtype::F16 | Dtype::BF16, _) => Some(1e-2),
+        (Dtype::F16 | Dtype::BF16, _) => Some(f64::max(1e-2, 1.25 * mlx_gpu_err)),
         (_, ActivationPrecision::Int8) => Some(2e-2),
         (_, ActivationPrecision::Int16) => Some(2e-4),
         (_, ActivationPrecision::Exact) => None,

@@ -50,7 +50,8 @@ pub fn moe_combine_vjp(
 pub mod cpu {
     use crate::kernels::cpu::{dispatch, layout, prepare, XPrecision};
     use crate::kernels::decoder_layer::attend;
-    use half::f16;
+    use crate::kernels::gate_qmv_silu_mul::cpu::QuantExperts;
+    use half::{bf16, f16};
 
     /// How the quantized bodies compute with x (`ActivationPrecision`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +121,16 @@ pub mod cpu {
             }
         }
 
+        /// Output columns (rows of the matrix).
+        pub fn n(&self) -> usize {
+            self.n
+        }
+
+        /// Input columns.
+        pub fn k(&self) -> usize {
+            self.k
+        }
+
         /// Bytes the bodies read per pass over the matrix.
         pub fn bytes(&self) -> usize {
             self.w.len() * 4 + (self.scales.len() + self.biases.len()) * 2
@@ -132,6 +143,17 @@ pub mod cpu {
                 biases: &self.biases,
                 bits: self.bits,
                 group_size: self.group_size,
+            }
+        }
+
+        fn experts(&self, num_experts: usize) -> QuantExperts<'_, f16> {
+            QuantExperts {
+                w: &self.w,
+                scales: &self.scales,
+                biases: &self.biases,
+                bits: self.bits,
+                group_size: self.group_size,
+                num_experts,
             }
         }
 
@@ -153,6 +175,49 @@ pub mod cpu {
             w.n,
             w.k,
             p.resolve(),
+        )
+        .expect("valid arguments");
+    }
+
+    /// [`quantized_matmul`] on bf16 x and out (exact precision: the bf16
+    /// dot-product instructions where the CPU has them).
+    pub fn quantized_matmul_bf16(x: &[bf16], w: &QuantWeights, out: &mut [bf16], m: usize) {
+        crate::kernels::quantized_matmul::cpu::quantized_matmul_with(
+            x,
+            w.matrix(),
+            out,
+            m,
+            w.n,
+            w.k,
+            XPrecision::Exact,
+        )
+        .expect("valid arguments");
+    }
+
+    /// The expert-indexed gate body on one row of x: `out [experts.len(), n]`,
+    /// row `i` = silu(x · gate[experts[i]]ᵀ) * (x · up[experts[i]]ᵀ), where
+    /// `gate` and `up` hold `num_experts` stacked `[n, k]` matrices (made as
+    /// one `[num_experts·n, k]` matrix).
+    pub fn gather_gate_qmv_silu_mul(
+        x: &[f32],
+        experts: &[u32],
+        gate: &QuantWeights,
+        up: &QuantWeights,
+        num_experts: usize,
+        out: &mut [f32],
+    ) {
+        let n = gate.n / num_experts.max(1);
+        let rows = vec![0u32; experts.len()];
+        crate::kernels::gate_qmv_silu_mul::cpu::gather_gate_qmv_silu_mul_with(
+            x,
+            &rows,
+            experts,
+            gate.experts(num_experts),
+            up.experts(num_experts),
+            out,
+            n,
+            gate.k,
+            XPrecision::Exact,
         )
         .expect("valid arguments");
     }

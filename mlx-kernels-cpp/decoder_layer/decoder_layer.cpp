@@ -1,4 +1,5 @@
 #include "decoder_layer/decoder_layer.h"
+#include "common/affine_qmm.h"
 
 #include "common/quant_check.h"
 #include "decoder_layer/cuda.h"
@@ -125,8 +126,8 @@ std::vector<array> fallback_graph(const std::vector<array>& in, const LayerConfi
   i += 3 * kProjections;
   auto qmm = [&](const array& a, int p) {
     size_t w = proj0 + 3 * p;
-    return mx::quantized_matmul(
-        a, in[w], in[w + 1], in[w + 2], true, c.quant[2 * p + 1], c.quant[2 * p], "affine", s);
+    return affine_quantized_matmul(
+        a, in[w], in[w + 1], in[w + 2], true, c.quant[2 * p + 1], c.quant[2 * p], s);
   };
   auto h = mx::fast::rms_norm(x, ln1, c.eps, s);
   auto q = qmm(h, 0), k = qmm(h, 1), v = qmm(h, 2);
@@ -320,7 +321,7 @@ array head_fallback(const array& h, const PreparedHead& head, mx::Stream s) {
   const auto& p = head.params;
   auto x = mx::astype(mx::fast::rms_norm(h, p[0], head.eps, s), mx::float32, s);
   return mx::astype(
-      mx::quantized_matmul(x, p[1], p[2], p[3], true, head.group_size, head.bits, "affine", s),
+      affine_quantized_matmul(x, p[1], p[2], p[3], true, head.group_size, head.bits, s),
       mx::float32, s);
 }
 

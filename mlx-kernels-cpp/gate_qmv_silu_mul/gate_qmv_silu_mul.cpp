@@ -1,4 +1,5 @@
 #include "gate_qmv_silu_mul/gate_qmv_silu_mul.h"
+#include "common/affine_qmm.h"
 
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
@@ -113,8 +114,8 @@ array gate_qmv_silu_mul_op(
   int n = check_quant_matrix(kOp, "gate", gate, k, group_size, bits, {0});
   check_quant_matrix(kOp, "up", up, k, group_size, bits, {n});
   Fallback fallback = [group_size, bits, s](std::vector<array> in) {
-    auto g = mx::quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, "affine", s);
-    auto u = mx::quantized_matmul(in[0], in[4], in[5], in[6], true, group_size, bits, "affine", s);
+    auto g = affine_quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, s);
+    auto u = affine_quantized_matmul(in[0], in[4], in[5], in[6], true, group_size, bits, s);
     return std::vector<array>{swiglu(g, u, s)};
   };
   auto inputs = concat(concat({x}, gate), up);

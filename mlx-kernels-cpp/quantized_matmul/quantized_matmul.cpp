@@ -1,4 +1,5 @@
 #include "quantized_matmul/quantized_matmul.h"
+#include "common/affine_qmm.h"
 
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
@@ -66,7 +67,7 @@ array quantized_matmul_op(
   int n = check_quant_matrix(kOp, "w", w, k, group_size, bits, {0});
   Fallback fallback = [group_size, bits, s](std::vector<array> in) {
     return std::vector<array>{
-        mx::quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, "affine", s)};
+        affine_quantized_matmul(in[0], in[1], in[2], in[3], true, group_size, bits, s)};
   };
   std::vector<array> inputs{x, w[0], w[1], w[2]};
   if (!fused) {

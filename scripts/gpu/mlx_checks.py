@@ -36,7 +36,7 @@ def quantized_matmul_cases():
         (32, 64, 128),
         (1, 2, 4, 5, 7, 33),
         ((8, 64), (72, 384), (128, 128), (128, 192), (64, 128), (192, 128)),
-        (mx.float32, mx.bfloat16),
+        (mx.float32, mx.float16, mx.bfloat16),
     ):
         if k % gs:
             continue

@@ -41,45 +41,59 @@ fn indexed_reference(x: &Array, idx: &Array, gate: &Quantized, up: &Quantized) -
     proj(gate).silu().unwrap().mul(&proj(up)).unwrap()
 }
 
+// One test per activation dtype: each is a process of its own on the GPU
+// harness, where MLX compiles its fallbacks' kernels on first use.
 #[test]
-fn dense_matches_quantized_matmul() {
+fn dense_matches_quantized_matmul_f32() {
+    dense_matches_quantized_matmul(Dtype::F32, 1000);
+}
+
+#[test]
+fn dense_matches_quantized_matmul_f16() {
+    dense_matches_quantized_matmul(Dtype::F16, 2000);
+}
+
+#[test]
+fn dense_matches_quantized_matmul_bf16() {
+    dense_matches_quantized_matmul(Dtype::BF16, 3000);
+}
+
+fn dense_matches_quantized_matmul(dtype: Dtype, first_seed: u64) {
     on_each_device(|_dev| {
         let mut tally = Tally::new(Kernel::GateQmvSiluMul);
-        let mut seed = 1000;
-        for dtype in [Dtype::BF16, Dtype::F32, Dtype::F16] {
-            for bits in [4, 8] {
-                for group in [32, 64, 128] {
-                    for (lead, k, n) in [
-                        (vec![1], 256, 96),
-                        (vec![33], 384, 72),
-                        (vec![2, 3], 128, 40),
-                    ] {
-                        seed += 3;
-                        let gate = weights(&[], n, k, dtype, bits, group, seed);
-                        let up = weights(&[], n, k, dtype, bits, group, seed + 1);
-                        let shape: Vec<i32> = lead.iter().copied().chain([k]).collect();
-                        let x = normal(&shape, dtype, 0.0, 1.0, seed + 2);
-                        let got = gate_qmv_silu_mul(&x, &gate, &up).unwrap();
-                        let limit = cuda_qmv_limit(&x, group);
-                        tally.record(limit);
-                        let case = format!("{dtype} bits {bits} group {group} x {shape:?}");
-                        if !eval_or_note_mlx_failure(Kernel::GateQmvSiluMul, &got, limit, &case) {
-                            continue;
-                        }
-                        // The reference on the CPU (MLX's own CUDA qmm rejects some shapes).
-                        let want = on_cpu(|| f32_reference(&x, &gate, &up));
-                        assert_eq!(got.shape(), want.shape());
-                        assert_eq!(got.dtype(), dtype);
-                        let err = norm_rel_err(&got, &want);
-                        if std::env::var("SHOW_ERR").is_ok() {
-                            let mlx = norm_rel_err(&dense_reference(&x, &gate, &up), &want);
-                            eprintln!("{dtype} bits {bits} group {group} {shape:?}: kernel {err:.2e}, MLX {dtype} ops {mlx:.2e}");
-                        }
-                        assert!(
-                            err < tolerance(dtype),
-                            "{dtype} bits {bits} group {group} x {shape:?} -> {n}: {err:e}"
-                        );
+        let mut seed = first_seed;
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for (lead, k, n) in [
+                    (vec![1], 256, 96),
+                    (vec![33], 384, 72),
+                    (vec![2, 3], 128, 40),
+                ] {
+                    seed += 3;
+                    let gate = weights(&[], n, k, dtype, bits, group, seed);
+                    let up = weights(&[], n, k, dtype, bits, group, seed + 1);
+                    let shape: Vec<i32> = lead.iter().copied().chain([k]).collect();
+                    let x = normal(&shape, dtype, 0.0, 1.0, seed + 2);
+                    let got = gate_qmv_silu_mul(&x, &gate, &up).unwrap();
+                    let limit = cuda_qmv_limit(&x, group);
+                    tally.record(limit);
+                    let case = format!("{dtype} bits {bits} group {group} x {shape:?}");
+                    if !eval_or_note_mlx_failure(Kernel::GateQmvSiluMul, &got, limit, &case) {
+                        continue;
                     }
+                    // The reference on the CPU (MLX's own CUDA qmm rejects some shapes).
+                    let want = on_cpu(|| f32_reference(&x, &gate, &up));
+                    assert_eq!(got.shape(), want.shape());
+                    assert_eq!(got.dtype(), dtype);
+                    let err = norm_rel_err(&got, &want);
+                    if std::env::var("SHOW_ERR").is_ok() {
+                        let mlx = norm_rel_err(&dense_reference(&x, &gate, &up), &want);
+                        eprintln!("{dtype} bits {bits} group {group} {shape:?}: kernel {err:.2e}, MLX {dtype} ops {mlx:.2e}");
+                    }
+                    assert!(
+                        err < tolerance(dtype),
+                        "{dtype} bits {bits} group {group} x {shape:?} -> {n}: {err:e}"
+                    );
                 }
             }
         }
@@ -88,41 +102,53 @@ fn dense_matches_quantized_matmul() {
 }
 
 #[test]
-fn expert_indexed_matches_gather_qmm() {
+fn expert_indexed_matches_gather_qmm_f32() {
+    expert_indexed_matches_gather_qmm(Dtype::F32, 5000);
+}
+
+#[test]
+fn expert_indexed_matches_gather_qmm_f16() {
+    expert_indexed_matches_gather_qmm(Dtype::F16, 6000);
+}
+
+#[test]
+fn expert_indexed_matches_gather_qmm_bf16() {
+    expert_indexed_matches_gather_qmm(Dtype::BF16, 7000);
+}
+
+fn expert_indexed_matches_gather_qmm(dtype: Dtype, first_seed: u64) {
     on_each_device(|_dev| {
         let mut tally = Tally::new(Kernel::GateQmvSiluMul);
-        let mut seed = 5000;
-        for dtype in [Dtype::BF16, Dtype::F32, Dtype::F16] {
-            for bits in [4, 8] {
-                for group in [32, 64, 128] {
-                    for (lead, top_k) in [(vec![1], 4), (vec![19], 2), (vec![2, 5], 3)] {
-                        seed += 4;
-                        let (e, n, k) = (6, 40, 256);
-                        let gate = weights(&[e], n, k, dtype, bits, group, seed);
-                        let up = weights(&[e], n, k, dtype, bits, group, seed + 1);
-                        let xs: Vec<i32> = lead.iter().copied().chain([k]).collect();
-                        let is: Vec<i32> = lead.iter().copied().chain([top_k]).collect();
-                        let x = normal(&xs, dtype, 0.0, 1.0, seed + 2);
-                        let idx = indices(&is, e as u32, seed + 3);
-                        let got = gather_gate_qmv_silu_mul(&x, &idx, &gate, &up).unwrap();
-                        let limit = cuda_qmv_limit(&x, group);
-                        tally.record(limit);
-                        let case = format!("{dtype} bits {bits} group {group} {xs:?} top {top_k}");
-                        if !eval_or_note_mlx_failure(Kernel::GateQmvSiluMul, &got, limit, &case) {
-                            continue;
-                        }
-                        let x32 = x.astype(Dtype::F32).unwrap();
-                        let want =
-                            on_cpu(|| indexed_reference(&x32, &idx, &upcast(&gate), &upcast(&up)));
-                        let mut want_shape = is.clone();
-                        want_shape.push(n);
-                        assert_eq!(got.shape(), want_shape);
-                        let err = norm_rel_err(&got, &want);
-                        assert!(
-                            err < tolerance(dtype),
-                            "{dtype} bits {bits} group {group} {xs:?} top {top_k}: {err:e}"
-                        );
+        let mut seed = first_seed;
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                for (lead, top_k) in [(vec![1], 4), (vec![19], 2), (vec![2, 5], 3)] {
+                    seed += 4;
+                    let (e, n, k) = (6, 40, 256);
+                    let gate = weights(&[e], n, k, dtype, bits, group, seed);
+                    let up = weights(&[e], n, k, dtype, bits, group, seed + 1);
+                    let xs: Vec<i32> = lead.iter().copied().chain([k]).collect();
+                    let is: Vec<i32> = lead.iter().copied().chain([top_k]).collect();
+                    let x = normal(&xs, dtype, 0.0, 1.0, seed + 2);
+                    let idx = indices(&is, e as u32, seed + 3);
+                    let got = gather_gate_qmv_silu_mul(&x, &idx, &gate, &up).unwrap();
+                    let limit = cuda_qmv_limit(&x, group);
+                    tally.record(limit);
+                    let case = format!("{dtype} bits {bits} group {group} {xs:?} top {top_k}");
+                    if !eval_or_note_mlx_failure(Kernel::GateQmvSiluMul, &got, limit, &case) {
+                        continue;
                     }
+                    let x32 = x.astype(Dtype::F32).unwrap();
+                    let want =
+                        on_cpu(|| indexed_reference(&x32, &idx, &upcast(&gate), &upcast(&up)));
+                    let mut want_shape = is.clone();
+                    want_shape.push(n);
+                    assert_eq!(got.shape(), want_shape);
+                    let err = norm_rel_err(&got, &want);
+                    assert!(
+                        err < tolerance(dtype),
+                        "{dtype} bits {bits} group {group} {xs:?} top {top_k}: {err:e}"
+                    );
                 }
             }
         }
