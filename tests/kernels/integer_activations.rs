@@ -46,7 +46,6 @@ fn min_gap(mode: ActivationPrecision, dtype: Dtype) -> Option<f64> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check(
     what: &str,
     mode: ActivationPrecision,

@@ -202,7 +202,6 @@ impl<'a> Rows<'a> {
 /// The query rows `qrow(0..rows)` of one head (rows = `out.len() / d`)
 /// against its keys and values; `visible(r)` is how many keys row `r` sees
 /// (non-decreasing in r).
-#[allow(clippy::too_many_arguments)]
 fn block<'q>(
     qrow: impl Fn(usize) -> &'q [f32],
     k: Rows<'_>,
@@ -312,7 +311,6 @@ mod x86 {
     }
 
     /// Columns `c0..c0 + 16·W` of the four rows. Returns 16·W.
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn block<const W: usize>(

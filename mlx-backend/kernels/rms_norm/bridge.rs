@@ -10,7 +10,6 @@ mod ffi {
     // unwinds: `false` means failed, with the failure recorded in the
     // registry.
     extern "Rust" {
-        #[allow(clippy::too_many_arguments)]
         fn rms_norm_cpu(
             dtype: i32,
             x: &[u8],

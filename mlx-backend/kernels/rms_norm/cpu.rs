@@ -219,7 +219,6 @@ pub(crate) fn check_rows(
 
 /// Entry point from C++ (`RmsNormPrimitive`): dense `[rows, hidden]` x,
 /// dense weight, dense out.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn rms_norm_cpu(
     dtype: i32,
     x: &[u8],
