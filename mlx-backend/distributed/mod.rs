@@ -90,12 +90,14 @@ impl FromStr for Backend {
 /// backend's communicator. Like arrays, it stays on the thread that uses it.
 pub struct Group {
     raw: UniquePtr<ffi::DistGroup>,
+    backend: Backend,
 }
 
 impl Clone for Group {
     fn clone(&self) -> Group {
         Group {
             raw: ffi::dist_group_clone(self.inner()),
+            backend: self.backend,
         }
     }
 }
@@ -125,7 +127,7 @@ impl Group {
                 message: e.what().to_string(),
             }
         })?;
-        Ok(Group { raw })
+        Ok(Group { raw, backend })
     }
 
     /// Join the group `mlx.launch` (or [`launch`]) described in the
@@ -172,6 +174,21 @@ impl Group {
         Ok(group)
     }
 
+    /// The stream a collective is built on. The ring, MPI and JACCL
+    /// backends communicate from the CPU: their collectives go on this
+    /// thread's default CPU stream whatever the current device (MLX keeps
+    /// streams per thread, and a stream MLX would pick for them need not
+    /// exist on this one). NCCL's, and those of a backend MLX chose
+    /// (`Backend::Any`), go on the current stream.
+    fn collective_stream(&self) -> ffi::StreamSpec {
+        match self.backend {
+            Backend::Ring | Backend::Mpi | Backend::Jaccl => {
+                ffi::default_stream(crate::device::Device::Cpu.spec()).unwrap_or_else(|_| stream())
+            }
+            Backend::Nccl | Backend::Any => stream(),
+        }
+    }
+
     fn inner(&self) -> &ffi::DistGroup {
         // A live Group always holds its communicator.
         self.raw.as_ref().expect("Group holds a communicator")
@@ -191,7 +208,7 @@ impl Group {
     pub fn all_sum(&self, x: &Array) -> Result<Array, OpError> {
         wrap(
             "all_sum",
-            ffi::dist_all_sum(x.inner(), self.inner(), stream()),
+            ffi::dist_all_sum(x.inner(), self.inner(), self.collective_stream()),
         )
     }
 
@@ -199,7 +216,7 @@ impl Group {
     pub fn all_gather(&self, x: &Array) -> Result<Array, OpError> {
         wrap(
             "all_gather",
-            ffi::dist_all_gather(x.inner(), self.inner(), stream()),
+            ffi::dist_all_gather(x.inner(), self.inner(), self.collective_stream()),
         )
     }
 
@@ -207,7 +224,12 @@ impl Group {
     pub fn send(&self, x: &Array, dst: usize) -> Result<Array, OpError> {
         wrap(
             "send",
-            ffi::dist_send(x.inner(), dst as i32, self.inner(), stream()),
+            ffi::dist_send(
+                x.inner(),
+                dst as i32,
+                self.inner(),
+                self.collective_stream(),
+            ),
         )
     }
 
@@ -215,7 +237,13 @@ impl Group {
     pub fn recv(&self, shape: &[i32], dtype: Dtype, src: usize) -> Result<Array, OpError> {
         wrap(
             "recv",
-            ffi::dist_recv(shape, dtype.code(), src as i32, self.inner(), stream()),
+            ffi::dist_recv(
+                shape,
+                dtype.code(),
+                src as i32,
+                self.inner(),
+                self.collective_stream(),
+            ),
         )
     }
 

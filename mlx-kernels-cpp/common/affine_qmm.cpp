@@ -8,8 +8,7 @@ namespace {
 
 bool mlx_cuda_qmm_is_wrong(const array& x, int group_size, const mx::Stream& s) {
 #if defined(MLX_BACKEND_CUDA)
-  return s.device == mx::Device::gpu && x.ndim() > 0 && x.shape(-1) <= group_size &&
-      (x.dtype() == mx::bfloat16 || x.dtype() == mx::float16);
+  return s.device == mx::Device::gpu && x.ndim() > 0 && x.shape(-1) <= group_size;
 #else
   (void)x;
   (void)group_size;
