@@ -229,15 +229,18 @@ fn check_dir(name: &str, dir: &Path) {
         }
         // With bf16 activations a near-tie may flip either way; then ours
         // must be the float32 reference's choice, or the float32 reference
-        // must rank the two tokens within one bf16 ulp of each other (an
-        // order no bf16 computation can resolve).
+        // must score ours within two bf16 ulps of its best token (the
+        // logits' own rounding plus the hidden state's: an order no bf16
+        // computation can resolve; on a GPU, whose reductions round in
+        // another order, mlx-lm's CPU choice, ours and the f32 choice can be
+        // three tokens of one such tie).
         for (step, ((ours, oracle), f32_row)) in got.iter().zip(greedy).zip(&ref_rows).enumerate() {
             let f32_choice = f32_row.as_ref().map(argmax_last);
-            let bf16_tie = f32_row.as_ref().is_some_and(|r| {
+            let bf16_tie = f32_row.as_ref().zip(f32_choice).is_some_and(|(r, best)| {
                 let v = r.reshape(&[-1]).unwrap().to_vec::<f32>().unwrap();
-                let (a, b) = (v[*ours as usize], v[*oracle as usize]);
-                let ulp = 2f32.powi(b.abs().log2().floor() as i32 - 7);
-                (a - b).abs() < ulp
+                let (a, top) = (v[*ours as usize], v[best as usize]);
+                let ulp = 2f32.powi(top.abs().log2().floor() as i32 - 7);
+                top - a < 2.0 * ulp
             });
             assert!(
                 ours == oracle || Some(*ours) == f32_choice || bf16_tie,
