@@ -273,7 +273,8 @@ fn gather_from_memory(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(
         ((gate.bytes() + up.bytes()) / e * experts.len()) as u64,
     ));
-    let mut run = || cpu::gather_gate_qmv_silu_mul(&x, &experts, &gate, &up, e, &mut out);
+    let one_row = [0u32; 4];
+    let mut run = || cpu::gather_gate_qmv_silu_mul(&x, &one_row, &experts, &gate, &up, e, &mut out);
     g.bench_function("E=60 top-4 2048->1408 from memory", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;

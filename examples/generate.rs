@@ -253,17 +253,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 ..RunnerConfig::default()
             };
             match ModelBundle::load_tensor_parallel(&path, &options, config)? {
-                TensorParallelPart::Follower(mut follower) => {
+                TensorParallelPart::Follower(follower) => {
                     // Ranks other than 0 replay rank 0's steps and print nothing.
-                    let code = match follower.follow() {
-                        Ok(()) => 0,
-                        Err(e) => {
-                            eprintln!("error: rank {}: {e}", follower.rank());
-                            1
-                        }
-                    };
-                    drop(follower);
-                    std::process::exit(code);
+                    follower.follow_then_exit()
                 }
                 TensorParallelPart::Leader(bundle) => {
                     let (parts, runner) = (*bundle).with_runner(());

@@ -1,6 +1,5 @@
 // Shims over mlx::core for the cxx bridge; see bridge.h.
 #include "bridge.h"
-#include "common/affine_qmm.h"
 
 #include <cmath>
 #include <cstring>
@@ -8,6 +7,7 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "common/affine_qmm.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 #include "mlx/primitives.h"
 

@@ -475,17 +475,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 ..runner
             };
             match ModelBundle::load_tensor_parallel(&path, &options, runner)? {
-                TensorParallelPart::Follower(mut follower) => {
+                TensorParallelPart::Follower(follower) => {
                     // Ranks other than 0 serve no HTTP: they replay rank 0's steps.
-                    let code = match follower.follow() {
-                        Ok(()) => 0,
-                        Err(e) => {
-                            eprintln!("error: rank {}: {e}", follower.rank());
-                            1
-                        }
-                    };
-                    drop(follower);
-                    std::process::exit(code);
+                    follower.follow_then_exit()
                 }
                 TensorParallelPart::Leader(bundle) => Engine::start(config, move || Ok(*bundle))?,
             }

@@ -180,12 +180,13 @@ impl Group {
     /// streams per thread, and a stream MLX would pick for them need not
     /// exist on this one). NCCL's, and those of a backend MLX chose
     /// (`Backend::Any`), go on the current stream.
-    fn collective_stream(&self) -> ffi::StreamSpec {
+    fn collective_stream(&self, op: &'static str) -> Result<ffi::StreamSpec, OpError> {
         match self.backend {
             Backend::Ring | Backend::Mpi | Backend::Jaccl => {
-                ffi::default_stream(crate::device::Device::Cpu.spec()).unwrap_or_else(|_| stream())
+                ffi::default_stream(crate::device::Device::Cpu.spec())
+                    .map_err(OpError::from_cxx(op))
             }
-            Backend::Nccl | Backend::Any => stream(),
+            Backend::Nccl | Backend::Any => Ok(stream()),
         }
     }
 
@@ -208,7 +209,7 @@ impl Group {
     pub fn all_sum(&self, x: &Array) -> Result<Array, OpError> {
         wrap(
             "all_sum",
-            ffi::dist_all_sum(x.inner(), self.inner(), self.collective_stream()),
+            ffi::dist_all_sum(x.inner(), self.inner(), self.collective_stream("all_sum")?),
         )
     }
 
@@ -216,7 +217,11 @@ impl Group {
     pub fn all_gather(&self, x: &Array) -> Result<Array, OpError> {
         wrap(
             "all_gather",
-            ffi::dist_all_gather(x.inner(), self.inner(), self.collective_stream()),
+            ffi::dist_all_gather(
+                x.inner(),
+                self.inner(),
+                self.collective_stream("all_gather")?,
+            ),
         )
     }
 
@@ -228,7 +233,7 @@ impl Group {
                 x.inner(),
                 dst as i32,
                 self.inner(),
-                self.collective_stream(),
+                self.collective_stream("send")?,
             ),
         )
     }
@@ -242,7 +247,7 @@ impl Group {
                 dtype.code(),
                 src as i32,
                 self.inner(),
-                self.collective_stream(),
+                self.collective_stream("recv")?,
             ),
         )
     }

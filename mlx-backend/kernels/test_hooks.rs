@@ -147,14 +147,7 @@ pub mod cpu {
         }
 
         fn experts(&self, num_experts: usize) -> QuantExperts<'_, f16> {
-            QuantExperts {
-                w: &self.w,
-                scales: &self.scales,
-                biases: &self.biases,
-                bits: self.bits,
-                group_size: self.group_size,
-                num_experts,
-            }
+            QuantExperts::stacked(self.matrix(), num_experts)
         }
 
         fn view(&self) -> layout::QView<'_, f16> {
@@ -194,12 +187,13 @@ pub mod cpu {
         .expect("valid arguments");
     }
 
-    /// The expert-indexed gate body on one row of x: `out [experts.len(), n]`,
-    /// row `i` = silu(x · gate[experts[i]]ᵀ) * (x · up[experts[i]]ᵀ), where
-    /// `gate` and `up` hold `num_experts` stacked `[n, k]` matrices (made as
-    /// one `[num_experts·n, k]` matrix).
+    /// The expert-indexed gate body: `out [experts.len(), n]`, row `i` =
+    /// silu(x[x_row_for[i]] · gate[experts[i]]ᵀ) * (x[x_row_for[i]] ·
+    /// up[experts[i]]ᵀ), where `gate` and `up` hold `num_experts` stacked
+    /// `[n, k]` matrices (made as one `[num_experts·n, k]` matrix).
     pub fn gather_gate_qmv_silu_mul(
         x: &[f32],
+        x_row_for: &[u32],
         experts: &[u32],
         gate: &QuantWeights,
         up: &QuantWeights,
@@ -207,10 +201,9 @@ pub mod cpu {
         out: &mut [f32],
     ) {
         let n = gate.n / num_experts.max(1);
-        let rows = vec![0u32; experts.len()];
         crate::kernels::gate_qmv_silu_mul::cpu::gather_gate_qmv_silu_mul_with(
             x,
-            &rows,
+            x_row_for,
             experts,
             gate.experts(num_experts),
             up.experts(num_experts),

@@ -11,9 +11,7 @@ namespace mlx_backend {
 // "affine", s), except where MLX 0.32.4's CUDA backend returns wrong
 // values: transposed w with rows of x that are one quantization group each
 // (K <= group_size), the shapes for which it picks its SM90 tiled kernel
-// (qmm_sm90). On an H200, x [6, 128] against 40 rows in groups of 128 came
-// out with a relative error of ~1 in f32 and bf16, and a model of hidden
-// size 64 in groups of 64 gave NaN logits. There the product is MLX's
+// (qmm_sm90; measured in docs/gpu.md). There the product is MLX's
 // dequantize (to the result type) and matmul: on these shapes (one group
 // of at most 128 values per row) the dense weight is small. f32 x then
 // goes through MLX's f32 matmul, which uses TF32 unless MLX_ENABLE_TF32=0.

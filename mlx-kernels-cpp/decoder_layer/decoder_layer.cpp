@@ -1,6 +1,6 @@
 #include "decoder_layer/decoder_layer.h"
-#include "common/affine_qmm.h"
 
+#include "common/affine_qmm.h"
 #include "common/quant_check.h"
 #include "decoder_layer/cuda.h"
 #include "decoder_layer/prepared.h"

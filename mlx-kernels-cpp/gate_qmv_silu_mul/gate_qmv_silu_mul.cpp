@@ -1,6 +1,6 @@
 #include "gate_qmv_silu_mul/gate_qmv_silu_mul.h"
-#include "common/affine_qmm.h"
 
+#include "common/affine_qmm.h"
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 #include "mlx-backend/mlx-backend/kernels/gate_qmv_silu_mul/bridge.rs.h"

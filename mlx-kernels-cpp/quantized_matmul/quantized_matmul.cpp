@@ -1,6 +1,6 @@
 #include "quantized_matmul/quantized_matmul.h"
-#include "common/affine_qmm.h"
 
+#include "common/affine_qmm.h"
 #include "common/quant_check.h"
 #include "mlx-backend/mlx-backend/ffi.rs.h"
 #include "mlx-backend/mlx-backend/kernels/quantized_matmul/bridge.rs.h"

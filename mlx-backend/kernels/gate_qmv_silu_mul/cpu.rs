@@ -41,6 +41,22 @@ pub struct QuantExperts<'a, T> {
     pub num_experts: usize,
 }
 
+// For the tests and the test hooks, which hold stacks as one matrix.
+#[cfg(any(test, feature = "testing"))]
+impl<'a, T> QuantExperts<'a, T> {
+    /// `m` (`[num_experts·N, K]`) read as `num_experts` stacked `[N, K]` matrices.
+    pub fn stacked(m: QuantMatrix<'a, T>, num_experts: usize) -> Self {
+        QuantExperts {
+            w: m.w,
+            scales: m.scales,
+            biases: m.biases,
+            bits: m.bits,
+            group_size: m.group_size,
+            num_experts,
+        }
+    }
+}
+
 /// Dense form: `x` is `[m, k]`, `out` is `[m, n]`, both row-major (exact activations).
 #[cfg(test)] // the exact form, as the tests call it
 pub fn gate_qmv_silu_mul<T: Element, P: Element>(
@@ -634,14 +650,7 @@ mod tests {
             }
         }
         fn experts(&self, num_experts: usize) -> QuantExperts<'_, T> {
-            QuantExperts {
-                w: &self.w,
-                scales: &self.scales,
-                biases: &self.biases,
-                bits: self.bits,
-                group_size: self.group_size,
-                num_experts,
-            }
+            QuantExperts::stacked(self.matrix(), num_experts)
         }
         /// Dequantized `W[e, n, k]` straight from the documented formula.
         fn weight(&self, e: usize, row: usize, col: usize, n: usize, k: usize) -> f64 {

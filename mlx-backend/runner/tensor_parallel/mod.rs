@@ -441,6 +441,21 @@ impl Follower {
         self.last_error.as_ref()
     }
 
+    /// A follower process's whole life, for programs whose ranks other than
+    /// 0 do nothing else: [`follow`](Self::follow), then exit with 0 when
+    /// rank 0 shut the group down, or print the error and exit with 1.
+    pub fn follow_then_exit(mut self) -> ! {
+        let code = match self.follow() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: rank {}: {e}", self.rank());
+                1
+            }
+        };
+        drop(self);
+        std::process::exit(code)
+    }
+
     /// Replay rank 0's calls until it shuts the group down (`Ok`), or a
     /// collective fails (`Err`: end the process through
     /// [`crate::distributed::exit_process`]). If rank 0 is not heard from
