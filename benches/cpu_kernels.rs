@@ -6,7 +6,8 @@
 //! * `quantized_matmul`: the full CPU body by activation precision.
 //! * `gate_qmv_silu_mul`: the fused gate/up body, one row.
 //! * `dot_rows`: the chosen dot-product body by how x was prepared:
-//!   exact, int16 per word, int16 per group (`row_lanes`) and AMX tiles.
+//!   exact, int16 per word, int16 per group (`row_lanes`) and AMX tiles;
+//!   and the 8-lane (AVX2) bodies, which an AVX-512 CPU runs here too.
 //! * `attend`: the decoder layer's attention over one KV head.
 //! * `arithmetic_peak`: the core's ceiling to read the kernels' GMAC/s
 //!   against: ten independent register-only chains of FMAs (512-bit with
@@ -102,6 +103,14 @@ fn dot_rows(c: &mut Criterion) {
             ("int16 amx", true, true, true),
         ] {
             let px = PreparedRows::new(&x, &w, int16, amx, row_lanes);
+            let id = BenchmarkId::new(name, format!("m={m} n={n} k={k} {bits}-bit"));
+            g.bench_function(id, |b| b.iter(|| px.dot_rows(&w, black_box(&mut out))));
+        }
+        // The 8-lane (AVX2) bodies, also on CPUs that prepare 16 lanes.
+        for (name, int16) in [("exact 8 lanes", false), ("int16 per word 8 lanes", true)] {
+            let Some(px) = PreparedRows::for_width(&x, &w, 8, int16) else {
+                continue;
+            };
             let id = BenchmarkId::new(name, format!("m={m} n={n} k={k} {bits}-bit"));
             g.bench_function(id, |b| b.iter(|| px.dot_rows(&w, black_box(&mut out))));
         }

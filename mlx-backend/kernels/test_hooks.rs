@@ -254,6 +254,27 @@ pub mod cpu {
             ))
         }
 
+        /// `x [m, w.k]` for `w` in blocks of `lanes` words (16: the AVX-512
+        /// bodies, 8: the AVX2 ones), exact or int16 per word, as a CPU of
+        /// that width prepares it. `None` when this CPU cannot run that
+        /// width's bodies.
+        pub fn for_width(x: &[f32], w: &QuantWeights, lanes: usize, int16: bool) -> Option<Self> {
+            let runs = match lanes {
+                16 => crate::kernels::cpu::isa::avx512_available(),
+                8 => crate::kernels::cpu::isa::avx2_available(),
+                _ => false,
+            };
+            let lay = w.view().lay;
+            runs.then(|| {
+                PreparedRows(prepare::PreparedX::for_width(
+                    x.chunks_exact(w.k),
+                    &lay,
+                    lanes,
+                    int16,
+                ))
+            })
+        }
+
         /// True when a blocked body runs on this CPU.
         pub fn available() -> bool {
             dispatch::available()

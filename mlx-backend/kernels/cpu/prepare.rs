@@ -151,6 +151,20 @@ impl PreparedX {
         Self::build(rows, lay, lanes, int16 && int16_kernel(lanes), false, false)
     }
 
+    /// x in blocks of `lanes` words as this preparation makes it on a CPU
+    /// of that width (exact x prescaled for the 8-lane body; int16 per
+    /// word where that width's kernel has it): the benches run the 8-lane
+    /// bodies on AVX-512 machines through it.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn for_width<'x, T: Element>(
+        rows: impl ExactSizeIterator<Item = &'x [T]>,
+        lay: &Layout,
+        lanes: usize,
+        int16: bool,
+    ) -> Self {
+        Self::build(rows, lay, lanes, int16 && int16_kernel(lanes), false, true)
+    }
+
     /// x in 8-word blocks, exact, scaled for [`super::blocked::avx2`]'s exact
     /// body where it runs and x allows ([`PreparedX::prescaled`]).
     #[cfg(test)]
