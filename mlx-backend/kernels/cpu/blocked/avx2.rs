@@ -28,7 +28,6 @@
 
 use std::ops::Range;
 
-use super::TILE;
 use crate::kernels::cpu::isa;
 use crate::kernels::cpu::layout::{OutStrides, QView};
 use crate::kernels::cpu::prepare::{PreparedX, XForm};
@@ -78,52 +77,168 @@ pub(crate) fn dot_rows<P: Element>(
     unsafe {
         use x86::{I16Row, Prescaled};
         match (px.int16().is_some(), px.prescaled(), lay.bits) {
-            (false, true, 4) => x86::drive::<P, Prescaled, 4>(px, xrows, w, rows, out, strides),
-            (false, true, _) => x86::drive::<P, Prescaled, 8>(px, xrows, w, rows, out, strides),
-            (false, false, 4) => x86::drive::<P, &[f32], 4>(px, xrows, w, rows, out, strides),
-            (false, false, _) => x86::drive::<P, &[f32], 8>(px, xrows, w, rows, out, strides),
-            (true, _, 4) => x86::drive::<P, I16Row, 4>(px, xrows, w, rows, out, strides),
-            (true, _, _) => x86::drive::<P, I16Row, 8>(px, xrows, w, rows, out, strides),
+            (false, true, 4) => {
+                x86::avx2_fma::drive::<P, Prescaled, 4>(px, xrows, w, rows, out, strides)
+            }
+            (false, true, _) => {
+                x86::avx2_fma::drive::<P, Prescaled, 8>(px, xrows, w, rows, out, strides)
+            }
+            (false, false, 4) => {
+                x86::avx2_fma::drive::<P, &[f32], 4>(px, xrows, w, rows, out, strides)
+            }
+            (false, false, _) => {
+                x86::avx2_fma::drive::<P, &[f32], 8>(px, xrows, w, rows, out, strides)
+            }
+            (true, _, 4) => x86::avx2_fma::drive::<P, I16Row, 4>(px, xrows, w, rows, out, strides),
+            (true, _, _) => x86::avx2_fma::drive::<P, I16Row, 8>(px, xrows, w, rows, out, strides),
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{OutStrides, PreparedX, QView, TILE};
+    use super::super::walk::{walk, Width, XRow};
+    use super::PreparedX;
     use crate::kernels::cpu::layout::Layout;
     use crate::kernels::cpu::simd::avx2::hsum;
-    use crate::kernels::cpu::simd::{prefetch_lines, Element};
+    use crate::kernels::cpu::simd::Element;
     use crate::kernels::cpu::unpack::avx2::int16_field;
     use std::arch::x86_64::*;
-    use std::ops::Range;
 
-    /// Software prefetch distance in bytes past the end of the weight rows
-    /// being read (see [`kernel`]).
-    const PREFETCH: usize = 4096;
+    /// 256-bit vectors: 8 words per block, masks as vectors (`vmaskmov`).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx2;
 
-    /// One prepared x row as the kernel reads it: f32 in block order, or
-    /// int16 pairs with per-word scales.
-    pub(super) trait XRow<'x>: Copy {
-        fn row(px: &'x PreparedX, i: usize, k: usize) -> Self;
+    impl Width for Avx2 {
+        const LANES: usize = 8;
+        type F = __m256;
+        type W = __m256i;
+        type Mask = __m256i;
+        type Scales = ();
+        const REGION_HINTS: bool = false;
 
-        /// Per-lane sums `Σ_v x · q` of one block (words `b0..b0 + lanes`)
-        /// for MR x rows and NR packed weight vectors, in f32 and before
-        /// W's scales. `FULL` blocks read plainly, others through `mask`
-        /// (lanes `0..lanes` set).
-        ///
-        /// # Safety
-        /// Needs AVX2, FMA and F16C; the block must lie inside every row.
-        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize, const FULL: bool>(
-            x: &[Self; MR],
-            wv: &[__m256i; NR],
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmadd_ps(a, b, c)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn all_lanes() -> __m256i {
+            _mm256_set1_epi32(-1)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn first_lanes(n: usize) -> __m256i {
+            _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(n as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            )
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load_words<const FULL: bool>(p: *const u32, mask: __m256i) -> __m256i {
+            // SAFETY: the caller's block (or mask) lies inside the row.
+            unsafe {
+                if FULL {
+                    _mm256_loadu_si256(p.cast())
+                } else {
+                    _mm256_maskload_epi32(p.cast(), mask)
+                }
+            }
+        }
+
+        /// Groups of 4 words (4-bit, group 32): a block's lanes 0–3 and 4–7
+        /// take two scales.
+        fn splits(lay: &Layout) -> bool {
+            lay.words_per_group_log2 < 3
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn scales_for(_lay: &Layout) {}
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn block_scales<P: Element, const SPLIT: bool>(
+            scales: &[P],
+            lay: &Layout,
+            b0: usize,
+            _c: (),
+        ) -> __m256 {
+            // SAFETY: the block's groups lie inside the row.
+            unsafe {
+                let at = scales.as_ptr().add(b0 >> lay.words_per_group_log2);
+                if SPLIT {
+                    let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+                    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(P::widen2(at)), halves)
+                } else {
+                    _mm256_set1_ps(P::widen1(*at))
+                }
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn tail_scales<P: Element>(
+            scales: &[P],
+            lay: &Layout,
             b0: usize,
             lanes: usize,
-            mask: __m256i,
-        ) -> [[__m256; NR]; MR];
+            _c: (),
+        ) -> __m256 {
+            // SAFETY: the block's groups lie inside the row.
+            unsafe { lane_params(scales, lay, b0, lanes) }
+        }
+
+        /// The biases eight groups at a time into the same accumulators
+        /// (every lane is summed at the end), the last groups one by one.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn finish<P: Element, const MR: usize, const NR: usize>(
+            mut acc: [[__m256; NR]; MR],
+            biases: [&[P]; NR],
+            gs: [&[f32]; MR],
+        ) -> [[f32; NR]; MR] {
+            let groups = biases[0].len();
+            let whole = groups / 8 * 8;
+            for g in (0..whole).step_by(8) {
+                for n in 0..NR {
+                    // SAFETY: g + 8 <= groups bounds both loads.
+                    let z = unsafe { P::load8(biases[n].as_ptr().add(g)) };
+                    for i in 0..MR {
+                        let sums = unsafe { _mm256_loadu_ps(gs[i].as_ptr().add(g)) };
+                        acc[i][n] = _mm256_fmadd_ps(sums, z, acc[i][n]);
+                    }
+                }
+            }
+            let mut d = [[0.0f32; NR]; MR];
+            for i in 0..MR {
+                for n in 0..NR {
+                    let mut tail = 0.0f32;
+                    for (b, s) in biases[n][whole..].iter().zip(&gs[i][whole..]) {
+                        // SAFETY: the target features include F16C.
+                        tail += unsafe { P::widen1(*b) } * s;
+                    }
+                    d[i][n] = hsum(acc[i][n]) + tail;
+                }
+            }
+            d
+        }
     }
 
-    impl<'x> XRow<'x> for &'x [f32] {
+    walk!("avx2,fma,f16c", avx2_fma, Avx2, (4, 1));
+
+    impl<'x> XRow<'x, Avx2> for &'x [f32] {
         fn row(px: &'x PreparedX, i: usize, k: usize) -> Self {
             &px.perm[i * k..][..k]
         }
@@ -150,7 +265,7 @@ pub(crate) mod x86 {
     #[derive(Clone, Copy)]
     pub(super) struct Prescaled<'x>(&'x [f32]);
 
-    impl<'x> XRow<'x> for Prescaled<'x> {
+    impl<'x> XRow<'x, Avx2> for Prescaled<'x> {
         fn row(px: &'x PreparedX, i: usize, k: usize) -> Self {
             Prescaled(&px.perm[i * k..][..k])
         }
@@ -242,7 +357,7 @@ pub(crate) mod x86 {
         scales: &'x [f32],
     }
 
-    impl<'x> XRow<'x> for I16Row<'x> {
+    impl<'x> XRow<'x, Avx2> for I16Row<'x> {
         fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
             let (pairs, scales) = px.int16().expect("int16 x").row(i);
             I16Row { pairs, scales }
@@ -322,243 +437,6 @@ pub(crate) mod x86 {
             let idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
             _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), idx)
         }
-    }
-
-    /// Walks tiles of weight rows and, inside each, chunks of x rows; the
-    /// register block (x rows × weight rows) shrinks with the rows left.
-    ///
-    /// # Safety
-    /// Needs AVX2, FMA and F16C; the caller checked the bounds of x, W and out.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn drive<'x, P: Element, X: XRow<'x>, const BITS: u32>(
-        px: &'x PreparedX,
-        xrows: Range<usize>,
-        w: &QView<P>,
-        rows: Range<usize>,
-        out: &mut [f32],
-        st: OutStrides,
-    ) {
-        let mut t0 = rows.start;
-        while t0 < rows.end {
-            let tile = t0..rows.end.min(t0 + TILE);
-            let mut i = xrows.start;
-            while i < xrows.end {
-                let left = xrows.end - i;
-                // SAFETY (each arm): as the caller's.
-                i += unsafe {
-                    match left {
-                        4.. => {
-                            block::<P, X, BITS, 4, 1>(px, w, &tile, i, &xrows, rows.start, out, st)
-                        }
-                        2 | 3 => {
-                            block::<P, X, BITS, 2, 2>(px, w, &tile, i, &xrows, rows.start, out, st)
-                        }
-                        _ => {
-                            block::<P, X, BITS, 1, 4>(px, w, &tile, i, &xrows, rows.start, out, st)
-                        }
-                    }
-                };
-            }
-            t0 = tile.end;
-        }
-    }
-
-    /// x rows `i0..i0 + MR` against every weight row of `tile`, `NR` weight
-    /// rows at a time (a short remainder one at a time). Returns MR.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block<
-        'x,
-        P: Element,
-        X: XRow<'x>,
-        const BITS: u32,
-        const MR: usize,
-        const NR: usize,
-    >(
-        px: &'x PreparedX,
-        w: &QView<P>,
-        tile: &Range<usize>,
-        i0: usize,
-        xrows: &Range<usize>,
-        first: usize,
-        out: &mut [f32],
-        st: OutStrides,
-    ) -> usize {
-        let groups = w.lay.groups_per_row;
-        let x: [X; MR] = std::array::from_fn(|i| X::row(px, i0 + i, w.lay.k));
-        let gs: [&[f32]; MR] =
-            std::array::from_fn(|i| &px.group_sums[(i0 + i) * groups..][..groups]);
-        let i0 = i0 - xrows.start;
-        let mut r = tile.start;
-        while r < tile.end {
-            // SAFETY (both): `x` and `gs` hold whole rows; the caller bounded W and out.
-            r += unsafe {
-                if tile.end - r >= NR {
-                    weight_rows::<P, X, BITS, MR, NR>(w, r, x, gs, i0, first, out, st)
-                } else {
-                    weight_rows::<P, X, BITS, MR, 1>(w, r, x, gs, i0, first, out, st)
-                }
-            };
-        }
-        MR
-    }
-
-    /// Weight rows `r..r + NR` against the MR x rows, stored at output x
-    /// row `i0` on. Returns NR.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weight_rows<
-        'x,
-        P: Element,
-        X: XRow<'x>,
-        const BITS: u32,
-        const MR: usize,
-        const NR: usize,
-    >(
-        w: &QView<P>,
-        r: usize,
-        x: [X; MR],
-        gs: [&[f32]; MR],
-        i0: usize,
-        first: usize,
-        out: &mut [f32],
-        st: OutStrides,
-    ) -> usize {
-        // SAFETY: the caller's rows hold whole rows of x; W's rows are bounded.
-        let d = unsafe {
-            if w.lay.words_per_group_log2 < 3 {
-                kernel::<P, X, BITS, MR, NR, true>(w, r, x, gs)
-            } else {
-                kernel::<P, X, BITS, MR, NR, false>(w, r, x, gs)
-            }
-        };
-        for (i, row) in d.iter().enumerate() {
-            for (n, v) in row.iter().enumerate() {
-                out[(i0 + i) * st.x_stride + (r + n - first) * st.w_stride] = *v;
-            }
-        }
-        NR
-    }
-
-    /// The dot products of MR x rows with weight rows `r..r + NR`. `SPLIT`:
-    /// a whole block spans two groups (groups of 4 words, 4-bit group 32),
-    /// lanes 0–3 and 4–7.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn kernel<
-        'x,
-        P: Element,
-        X: XRow<'x>,
-        const BITS: u32,
-        const MR: usize,
-        const NR: usize,
-        const SPLIT: bool,
-    >(
-        w: &QView<P>,
-        r: usize,
-        x: [X; MR],
-        gs: [&[f32]; MR],
-    ) -> [[f32; NR]; MR] {
-        let lay = &w.lay;
-        let words = lay.words_per_row;
-        // Plain loops, no closures: `array::from_fn`'s were calls here.
-        let mut rows = [w.row(r); NR];
-        for (n, row) in rows.iter_mut().enumerate().skip(1) {
-            *row = w.row(r + n);
-        }
-        let mut acc = [[_mm256_setzero_ps(); NR]; MR];
-        let full = words / 8;
-        let ones = _mm256_set1_epi32(-1);
-        let log2 = lay.words_per_group_log2;
-        let halves = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-        // Rows stream from memory, and the NR rows are adjacent: each block
-        // consumes NR·32 bytes of them, and asks for as many bytes PREFETCH
-        // past their end, so the hints run ahead of the region as a whole
-        // (rows of the next call included). Per-row hints PREFETCH past
-        // each row's own position ran only ~1 KB ahead of the region's
-        // front with 768-byte rows; decode steps were 10–30% slower on the
-        // Zen 3. Hints never fault, even past the end.
-        let ahead = rows[0]
-            .w
-            .as_ptr()
-            .cast::<i8>()
-            .wrapping_add(NR * words * 4 + PREFETCH);
-        for b in 0..full {
-            let b0 = 8 * b;
-            let mut wv = [ones; NR];
-            prefetch_lines(ahead.wrapping_add(b * NR * 32), NR * 32);
-            for n in 0..NR {
-                let at = rows[n].w.as_ptr().wrapping_add(b0);
-                // SAFETY: whole blocks lie inside every row.
-                wv[n] = unsafe { _mm256_loadu_si256(at.cast()) };
-            }
-            // SAFETY: as above.
-            let p = unsafe { X::partial::<BITS, MR, NR, true>(&x, &wv, b0, 8, ones) };
-            for n in 0..NR {
-                // W's scales per lane; SAFETY: the block's groups lie inside the row.
-                let sv = unsafe {
-                    let scales = rows[n].scales.as_ptr();
-                    if SPLIT {
-                        let pair = P::widen2(scales.add(2 * b));
-                        _mm256_permutevar8x32_ps(_mm256_castps128_ps256(pair), halves)
-                    } else {
-                        _mm256_set1_ps(P::widen1(*scales.add(b0 >> log2)))
-                    }
-                };
-                for i in 0..MR {
-                    acc[i][n] = _mm256_fmadd_ps(p[i][n], sv, acc[i][n]);
-                }
-            }
-        }
-        let b0 = 8 * full;
-        if b0 < words {
-            let lanes = words - b0;
-            let mask = _mm256_cmpgt_epi32(
-                _mm256_set1_epi32(lanes as i32),
-                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-            );
-            // SAFETY: the mask keeps every load inside its row.
-            let mut wv = [mask; NR];
-            for n in 0..NR {
-                wv[n] = unsafe { _mm256_maskload_epi32(rows[n].w.as_ptr().add(b0).cast(), mask) };
-            }
-            let p = unsafe { X::partial::<BITS, MR, NR, false>(&x, &wv, b0, lanes, mask) };
-            for n in 0..NR {
-                let sv = unsafe { lane_params(rows[n].scales, lay, b0, lanes) };
-                for i in 0..MR {
-                    acc[i][n] = _mm256_fmadd_ps(p[i][n], sv, acc[i][n]);
-                }
-            }
-        }
-        // Biases: Σ bias·(sum of x over the group), eight groups at a time
-        // into the same accumulators (every lane is summed at the end); the
-        // last groups one by one.
-        let groups = lay.groups_per_row;
-        let whole = groups / 8 * 8;
-        for g in (0..whole).step_by(8) {
-            for n in 0..NR {
-                // SAFETY: g + 8 <= groups bounds both loads.
-                let z = unsafe { P::load8(rows[n].biases.as_ptr().add(g)) };
-                for i in 0..MR {
-                    let sums = unsafe { _mm256_loadu_ps(gs[i].as_ptr().add(g)) };
-                    acc[i][n] = _mm256_fmadd_ps(sums, z, acc[i][n]);
-                }
-            }
-        }
-        let mut d = [[0.0f32; NR]; MR];
-        for i in 0..MR {
-            for n in 0..NR {
-                let mut tail = 0.0f32;
-                for (b, s) in rows[n].biases[whole..].iter().zip(&gs[i][whole..]) {
-                    // SAFETY: the target features include F16C.
-                    tail += unsafe { P::widen1(*b) } * s;
-                }
-                d[i][n] = hsum(acc[i][n]) + tail;
-            }
-        }
-        d
     }
 }
 

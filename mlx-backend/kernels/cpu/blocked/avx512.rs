@@ -32,7 +32,6 @@
 
 use std::ops::Range;
 
-use super::TILE;
 use crate::kernels::cpu::isa;
 use crate::kernels::cpu::layout::{OutStrides, QView};
 use crate::kernels::cpu::prepare::{PreparedX, XForm};
@@ -105,45 +104,168 @@ pub(crate) fn dot_rows<P: Element>(
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{OutStrides, PreparedX, QView, TILE};
+    use super::super::walk::{walk, Width, XRow};
+    use super::PreparedX;
     use crate::kernels::cpu::layout::Layout;
-    use crate::kernels::cpu::simd::{prefetch_lines, Element};
+    use crate::kernels::cpu::simd::Element;
     use crate::kernels::cpu::unpack::avx512::*;
     use std::arch::x86_64::*;
-    use std::ops::Range;
 
-    /// Software prefetch distance in bytes for the weight rows.
-    const PREFETCH: usize = 4096;
+    /// 512-bit vectors: 16 words per block, masks as `k` registers.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx512;
 
-    /// One prepared x row as the kernel reads it: f32 in block order, or
-    /// int16 pairs with per-word scales.
-    pub(super) trait XRow<'x>: Copy {
-        fn row(px: &'x PreparedX, i: usize, k: usize) -> Self;
-
-        /// Per-lane sums `Σ_v x · q` of one block (words `b0..b0 + lanes`,
-        /// `mask` their lanes) for MR x rows and NR packed weight vectors,
-        /// in f32 and before W's scales.
-        ///
-        /// # Safety
-        /// The CPU must have the implementation's target features; `mask`
-        /// must keep the x loads inside the rows.
-        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize>(
-            x: &[Self; MR],
-            wv: &[__m512i; NR],
-            b0: usize,
-            lanes: usize,
-            mask: __mmask16,
-        ) -> [[__m512; NR]; MR];
+    /// The constants of the scale loads: lane j's group within a block, and
+    /// the groups a whole block spans.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Scales {
+        lane_group: __m512i,
+        block_groups: __mmask16,
     }
 
-    impl<'x> XRow<'x> for &'x [f32] {
+    impl Width for Avx512 {
+        const LANES: usize = 16;
+        type F = __m512;
+        type W = __m512i;
+        type Mask = __mmask16;
+        type Scales = Scales;
+        const REGION_HINTS: bool = true;
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn zero() -> __m512 {
+            _mm512_setzero_ps()
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+            _mm512_fmadd_ps(a, b, c)
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn all_lanes() -> __mmask16 {
+            0xffff
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn first_lanes(n: usize) -> __mmask16 {
+            ((1u32 << n) - 1) as __mmask16
+        }
+
+        /// Masked loads throughout: with the whole block's constant mask
+        /// they compile to plain loads.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn load_words<const FULL: bool>(p: *const u32, mask: __mmask16) -> __m512i {
+            // SAFETY: the caller's mask keeps the load inside the row.
+            unsafe { _mm512_maskz_loadu_epi32(mask, p.cast()) }
+        }
+
+        /// A block spanning several groups takes them through the lane
+        /// table, in one form.
+        fn splits(_lay: &Layout) -> bool {
+            false
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn scales_for(lay: &Layout) -> Scales {
+            let log2 = lay.words_per_group_log2;
+            let groups_per_block = (16u32 >> log2).max(1);
+            Scales {
+                lane_group: lane_groups(log2),
+                block_groups: ((1u32 << groups_per_block) - 1) as __mmask16,
+            }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn block_scales<P: Element, const SPLIT: bool>(
+            scales: &[P],
+            lay: &Layout,
+            b0: usize,
+            c: Scales,
+        ) -> __m512 {
+            let g0 = b0 >> lay.words_per_group_log2;
+            // SAFETY: the block's groups lie inside the row.
+            unsafe { lane_params(scales, g0, c.block_groups, c.lane_group) }
+        }
+
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn tail_scales<P: Element>(
+            scales: &[P],
+            lay: &Layout,
+            b0: usize,
+            lanes: usize,
+            c: Scales,
+        ) -> __m512 {
+            let log2 = lay.words_per_group_log2;
+            let g0 = b0 >> log2;
+            let groups = ((b0 + lanes - 1) >> log2) - g0 + 1;
+            // SAFETY: the mask keeps the load inside the row's groups.
+            unsafe {
+                lane_params(
+                    scales,
+                    g0,
+                    ((1u32 << groups) - 1) as __mmask16,
+                    c.lane_group,
+                )
+            }
+        }
+
+        /// The biases sixteen groups at a time into the same accumulators
+        /// (every lane is summed at the end), the last ones masked.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn finish<P: Element, const MR: usize, const NR: usize>(
+            mut acc: [[__m512; NR]; MR],
+            biases: [&[P]; NR],
+            group_sums: [&[f32]; MR],
+        ) -> [[f32; NR]; MR] {
+            let groups = biases[0].len();
+            let mut g = 0;
+            while g < groups {
+                let left = (groups - g).min(16);
+                let gmask: __mmask16 = if left == 16 { 0xffff } else { (1 << left) - 1 };
+                for n in 0..NR {
+                    // SAFETY (both loads): the mask keeps them inside the rows.
+                    let z = unsafe { load_params(biases[n].as_ptr().add(g), gmask) };
+                    for i in 0..MR {
+                        let sums =
+                            unsafe { _mm512_maskz_loadu_ps(gmask, group_sums[i].as_ptr().add(g)) };
+                        acc[i][n] = _mm512_fmadd_ps(sums, z, acc[i][n]);
+                    }
+                }
+                g += left;
+            }
+            let mut d = [[0.0f32; NR]; MR];
+            for i in 0..MR {
+                for n in 0..NR {
+                    d[i][n] = _mm512_reduce_add_ps(acc[i][n]);
+                }
+            }
+            d
+        }
+    }
+
+    // The walk once per target-feature set, so that every body inlines:
+    // `exact` for f32 x, `vnni` for int16 x, `bf16` for bf16 pairs.
+    walk!("avx512f,avx512bw,avx512vl", exact, Avx512, (4, 2));
+    walk!("avx512f,avx512bw,avx512vl,avx512vnni", vnni, Avx512, (4, 2));
+    walk!("avx512f,avx512bw,avx512vl,avx512bf16", bf16, Avx512, (4, 2));
+
+    impl<'x> XRow<'x, Avx512> for &'x [f32] {
         fn row(px: &'x PreparedX, i: usize, k: usize) -> Self {
             &px.perm[i * k..][..k]
         }
 
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize>(
+        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize, const FULL: bool>(
             x: &[Self; MR],
             wv: &[__m512i; NR],
             b0: usize,
@@ -180,7 +302,7 @@ pub(crate) mod x86 {
         scales: &'x [f32],
     }
 
-    impl<'x> XRow<'x> for I16Row<'x> {
+    impl<'x> XRow<'x, Avx512> for I16Row<'x> {
         fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
             let (pairs, scales) = px.int16().expect("int16 x").row(i);
             I16Row { pairs, scales }
@@ -188,7 +310,7 @@ pub(crate) mod x86 {
 
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize>(
+        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize, const FULL: bool>(
             x: &[Self; MR],
             wv: &[__m512i; NR],
             b0: usize,
@@ -228,7 +350,7 @@ pub(crate) mod x86 {
         offsets: &'x [f32],
     }
 
-    impl<'x> XRow<'x> for Bf16Row<'x> {
+    impl<'x> XRow<'x, Avx512> for Bf16Row<'x> {
         fn row(px: &'x PreparedX, i: usize, _k: usize) -> Self {
             let (pairs, offsets) = px.bf16().expect("bf16 x").row(i);
             Bf16Row { pairs, offsets }
@@ -236,7 +358,7 @@ pub(crate) mod x86 {
 
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize>(
+        unsafe fn partial<const BITS: u32, const MR: usize, const NR: usize, const FULL: bool>(
             x: &[Self; MR],
             wv: &[__m512i; NR],
             b0: usize,
@@ -278,301 +400,4 @@ pub(crate) mod x86 {
             s
         }
     }
-
-    /// The register-blocked walk, compiled once per target-feature set so
-    /// that every body inlines: `exact` for f32 x, `vnni` for int16 x.
-    macro_rules! chain {
-        ($features:literal, $name:ident) => {
-            pub(super) mod $name {
-                use super::*;
-
-                /// Walks tiles of weight rows and, inside each, chunks of x rows; the
-                /// register block (x rows × weight rows) shrinks with the rows left.
-                #[target_feature(enable = $features)]
-                pub(crate) unsafe fn drive<'x, P: Element, X: XRow<'x>, const BITS: u32>(
-                    px: &'x PreparedX,
-                    xrows: Range<usize>,
-                    w: &QView<P>,
-                    rows: Range<usize>,
-                    out: &mut [f32],
-                    st: OutStrides,
-                ) {
-                    let mut t0 = rows.start;
-                    while t0 < rows.end {
-                        let tile = t0..rows.end.min(t0 + TILE);
-                        let mut i = xrows.start;
-                        while i < xrows.end {
-                            let left = xrows.end - i;
-                            // SAFETY (each arm): the caller checked the bounds of x, W and out.
-                            i += unsafe {
-                                match left {
-                                    4.. => block::<P, X, BITS, 4, 2>(
-                                        px, w, &tile, i, &xrows, rows.start, out, st,
-                                    ),
-                                    2 | 3 => block::<P, X, BITS, 2, 2>(
-                                        px, w, &tile, i, &xrows, rows.start, out, st,
-                                    ),
-                                    _ => block::<P, X, BITS, 1, 4>(
-                                        px, w, &tile, i, &xrows, rows.start, out, st,
-                                    ),
-                                }
-                            };
-                        }
-                        t0 = tile.end;
-                    }
-                }
-
-                /// x rows `i0..i0 + MR` against every weight row of `tile`, `NR` weight
-                /// rows at a time (a short remainder one at a time). Returns MR.
-                #[allow(clippy::too_many_arguments)]
-                #[inline]
-                #[target_feature(enable = $features)]
-                unsafe fn block<
-                    'x,
-                    P: Element,
-                    X: XRow<'x>,
-                    const BITS: u32,
-                    const MR: usize,
-                    const NR: usize,
-                >(
-                    px: &'x PreparedX,
-                    w: &QView<P>,
-                    tile: &Range<usize>,
-                    i0: usize,
-                    xrows: &Range<usize>,
-                    first: usize,
-                    out: &mut [f32],
-                    st: OutStrides,
-                ) -> usize {
-                    let groups = w.lay.groups_per_row;
-                    let x: [X; MR] = std::array::from_fn(|i| X::row(px, i0 + i, w.lay.k));
-                    let gs: [&[f32]; MR] =
-                        std::array::from_fn(|i| &px.group_sums[(i0 + i) * groups..][..groups]);
-                    let i0 = i0 - xrows.start;
-                    let mut r = tile.start;
-                    while r < tile.end {
-                        // SAFETY (both): `x` and `gs` hold whole rows; the caller bounded W and out.
-                        r += if tile.end - r >= NR {
-                            unsafe {
-                                weight_rows::<P, X, BITS, MR, NR>(w, r, x, gs, i0, first, out, st)
-                            }
-                        } else {
-                            unsafe {
-                                weight_rows::<P, X, BITS, MR, 1>(w, r, x, gs, i0, first, out, st)
-                            }
-                        };
-                    }
-                    MR
-                }
-
-                /// Weight rows `r..r + NR` against the MR x rows, stored at output x
-                /// row `i0` on. Returns NR.
-                #[allow(clippy::too_many_arguments)]
-                #[inline]
-                #[target_feature(enable = $features)]
-                unsafe fn weight_rows<
-                    'x,
-                    P: Element,
-                    X: XRow<'x>,
-                    const BITS: u32,
-                    const MR: usize,
-                    const NR: usize,
-                >(
-                    w: &QView<P>,
-                    r: usize,
-                    x: [X; MR],
-                    gs: [&[f32]; MR],
-                    i0: usize,
-                    first: usize,
-                    out: &mut [f32],
-                    st: OutStrides,
-                ) -> usize {
-                    let words = w.lay.words_per_row;
-                    let wr: [&[u32]; NR] =
-                        std::array::from_fn(|n| &w.w[(r + n) * words..][..words]);
-                    let pr: [(&[P], &[P]); NR] = std::array::from_fn(|n| {
-                        let row = w.row(r + n);
-                        (row.scales, row.biases)
-                    });
-                    // SAFETY: the slices above hold whole rows of W and of its params.
-                    let d = unsafe { kernel::<P, X, BITS, MR, NR>(&w.lay, wr, pr, x, gs) };
-                    for (i, row) in d.iter().enumerate() {
-                        for (n, v) in row.iter().enumerate() {
-                            out[(i0 + i) * st.x_stride + (r + n - first) * st.w_stride] = *v;
-                        }
-                    }
-                    NR
-                }
-
-                /// One block of 16 (or `lanes`) words of every weight row, added into
-                /// `acc` scaled per lane by W's scales.
-                ///
-                /// # Safety
-                /// The masks must keep every load inside its row (all ones for a whole block).
-                #[allow(clippy::too_many_arguments)]
-                #[inline]
-                #[target_feature(enable = $features)]
-                unsafe fn block_step<
-                    'x,
-                    P: Element,
-                    X: XRow<'x>,
-                    const BITS: u32,
-                    const MR: usize,
-                    const NR: usize,
-                >(
-                    w: &[&[u32]; NR],
-                    params: &[(&[P], &[P]); NR],
-                    x: &[X; MR],
-                    b0: usize,
-                    lanes: usize,
-                    mask: __mmask16,
-                    g0: usize,
-                    gmask: __mmask16,
-                    lane_group: __m512i,
-                    acc: &mut [[__m512; NR]; MR],
-                ) {
-                    let mut wv = [_mm512_setzero_si512(); NR];
-                    for n in 0..NR {
-                        // SAFETY (all loads below): the caller's masks bound them.
-                        wv[n] =
-                            unsafe { _mm512_maskz_loadu_epi32(mask, w[n].as_ptr().add(b0).cast()) };
-                    }
-                    // SAFETY: the caller's masks bound the x loads.
-                    let p = unsafe { X::partial::<BITS, MR, NR>(x, &wv, b0, lanes, mask) };
-                    for n in 0..NR {
-                        let sv = unsafe { lane_params(params[n].0, g0, gmask, lane_group) };
-                        for i in 0..MR {
-                            acc[i][n] = _mm512_fmadd_ps(p[i][n], sv, acc[i][n]);
-                        }
-                    }
-                }
-
-                /// The dot products of MR x rows with NR weight rows. No closures in
-                /// here: they would not inherit the target features once inlined into
-                /// std's helpers.
-                #[inline]
-                #[target_feature(enable = $features)]
-                unsafe fn kernel<
-                    'x,
-                    P: Element,
-                    X: XRow<'x>,
-                    const BITS: u32,
-                    const MR: usize,
-                    const NR: usize,
-                >(
-                    lay: &Layout,
-                    w: [&[u32]; NR],
-                    params: [(&[P], &[P]); NR],
-                    x: [X; MR],
-                    group_sums: [&[f32]; MR],
-                ) -> [[f32; NR]; MR] {
-                    let words = lay.words_per_row;
-                    let log2 = lay.words_per_group_log2;
-                    // Lane j's group, relative to the block's first group.
-                    let lane_group = lane_groups(log2);
-                    let zero = _mm512_setzero_ps();
-                    let mut acc = [[zero; NR]; MR];
-                    // Whole blocks with constant masks (plain loads once inlined), then
-                    // the short final block, if any.
-                    let full = words / 16;
-                    let groups_per_block = (16 >> log2).max(1);
-                    let gmask_full: __mmask16 = (1 << groups_per_block) - 1;
-                    // Rows stream from memory, and the NR rows are adjacent: the
-                    // hints run PREFETCH past the end of the NR rows as one region
-                    // (into the next register block's rows), a share of the
-                    // region's bytes per whole block. Per-row hints PREFETCH past
-                    // each row's own position ran only ~1 KB ahead of the region
-                    // with 768-byte rows, and the batch-1 sweep of the default
-                    // model's matrices took ~8 ms against ~6–7 now on a Zen 4
-                    // (`tests::sweep_from_memory`). Hints never fault, even past
-                    // the end.
-                    let region = NR * words * 4;
-                    let per_block = region.div_ceil(full.max(1));
-                    let ahead = w[0].as_ptr().cast::<i8>().wrapping_add(region + PREFETCH);
-                    // The rows' scales and biases are adjacent too: their region,
-                    // PREFETCH / 4 past its end, once per call (a few lines; the
-                    // per-block hints of each row's params were 8 per block at
-                    // NR = 4, mostly for lines already asked for).
-                    let params_region = NR * lay.groups_per_row * std::mem::size_of::<P>();
-                    for src in [params[0].0, params[0].1] {
-                        let at = src.as_ptr().cast::<i8>();
-                        prefetch_lines(
-                            at.wrapping_add(params_region + PREFETCH / 4),
-                            params_region,
-                        );
-                    }
-                    // (`row_lanes`' `Prefetch`, which drips a list of regions, in
-                    // place of these two loops made the sweep ~25% slower.)
-                    for b in 0..full {
-                        let b0 = 16 * b;
-                        prefetch_lines(ahead.wrapping_add(b * per_block), per_block);
-                        // SAFETY: whole blocks lie inside every row.
-                        unsafe {
-                            block_step::<P, X, BITS, MR, NR>(
-                                &w,
-                                &params,
-                                &x,
-                                b0,
-                                16,
-                                0xffff,
-                                b0 >> log2,
-                                gmask_full,
-                                lane_group,
-                                &mut acc,
-                            )
-                        };
-                    }
-                    let b0 = 16 * full;
-                    if b0 < words {
-                        let lanes = words - b0;
-                        let g0 = b0 >> log2;
-                        let groups = ((b0 + lanes - 1) >> log2) - g0 + 1;
-                        // SAFETY: the masks keep each load inside its row.
-                        unsafe {
-                            block_step::<P, X, BITS, MR, NR>(
-                                &w,
-                                &params,
-                                &x,
-                                b0,
-                                lanes,
-                                (1 << lanes) - 1,
-                                g0,
-                                (1 << groups) - 1,
-                                lane_group,
-                                &mut acc,
-                            )
-                        };
-                    }
-                    // Biases: Σ bias·(sum of x over the group), sixteen groups at a time
-                    // into the same accumulators (every lane is summed at the end).
-                    let groups = lay.groups_per_row;
-                    let mut g = 0;
-                    while g < groups {
-                        let left = (groups - g).min(16);
-                        let gmask: __mmask16 = if left == 16 { 0xffff } else { (1 << left) - 1 };
-                        for n in 0..NR {
-                            let z = unsafe { load_params(params[n].1.as_ptr().add(g), gmask) };
-                            for i in 0..MR {
-                                let sums = unsafe {
-                                    _mm512_maskz_loadu_ps(gmask, group_sums[i].as_ptr().add(g))
-                                };
-                                acc[i][n] = _mm512_fmadd_ps(sums, z, acc[i][n]);
-                            }
-                        }
-                        g += left;
-                    }
-                    let mut d = [[0.0f32; NR]; MR];
-                    for i in 0..MR {
-                        for n in 0..NR {
-                            d[i][n] = _mm512_reduce_add_ps(acc[i][n]);
-                        }
-                    }
-                    d
-                }
-            }
-        };
-    }
-    chain!("avx512f,avx512bw,avx512vl", exact);
-    chain!("avx512f,avx512bw,avx512vl,avx512vnni", vnni);
-    chain!("avx512f,avx512bw,avx512vl,avx512bf16", bf16);
 }
