@@ -277,12 +277,12 @@ macro_rules! walk {
                 let full = words / lanes;
                 // Rows stream from memory, and the NR rows are adjacent: the
                 // hints run PREFETCH past the end of the NR rows as one
-                // region (into the next register block's rows), a share of
-                // the region's bytes per whole block. Per-row hints PREFETCH
-                // past each row's own position ran only ~1 KB ahead of the
-                // region's front with 768-byte rows, and decode steps were
-                // slower (performance.md). Hints never fault, even past the
-                // end.
+                // region (into the next register block's rows), per whole
+                // block a share of the region's bytes (REGION_HINTS) or the
+                // block's own bytes. Per-row hints PREFETCH past each row's
+                // own position ran only ~1 KB ahead of the region's front
+                // with 768-byte rows, and decode steps were slower
+                // (performance.md). Hints never fault, even past the end.
                 let region = NR * words * 4;
                 let per_block = if V::REGION_HINTS {
                     region.div_ceil(full.max(1))
@@ -296,8 +296,8 @@ macro_rules! walk {
                     .wrapping_add(region + PREFETCH);
                 // The rows' scales and biases are adjacent too: their
                 // region, PREFETCH / 4 past its end, once per call.
-                let params_region = NR * lay.groups_per_row * std::mem::size_of::<P>();
                 if V::REGION_HINTS {
+                    let params_region = NR * lay.groups_per_row * std::mem::size_of::<P>();
                     for src in [rows[0].scales, rows[0].biases] {
                         let at = src.as_ptr().cast::<i8>();
                         prefetch_lines(
