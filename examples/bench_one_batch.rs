@@ -84,8 +84,9 @@ struct Args {
     no_peers: bool,
     /// The quantized kernels' activation precision (default: the device's,
     /// `LoadOptions::for_device`).
-    #[arg(long, value_enum)]
-    activations: Option<Activations>,
+    /// (`exact`, `int16` or `int8`).
+    #[arg(long)]
+    activations: Option<ActivationPrecision>,
     /// Sleep this long before each timed decode step, as after a server's
     /// idle time between requests (needs --no-peers).
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -107,24 +108,6 @@ impl From<SyntheticKind> for SyntheticWeights {
                 bits: 4,
             },
             SyntheticKind::Bf16 => SyntheticWeights::Bf16,
-        }
-    }
-}
-
-/// `--activations`: `ActivationPrecision` on the command line.
-#[derive(Clone, Copy, ValueEnum)]
-enum Activations {
-    Exact,
-    Int16,
-    Int8,
-}
-
-impl From<Activations> for ActivationPrecision {
-    fn from(a: Activations) -> Self {
-        match a {
-            Activations::Exact => ActivationPrecision::Exact,
-            Activations::Int16 => ActivationPrecision::Int16,
-            Activations::Int8 => ActivationPrecision::Int8,
         }
     }
 }
@@ -512,7 +495,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     std::env::set_var("MLX_BACKEND_THREADS", a.threads.to_string());
     let mut options = LoadOptions::for_device(mlx_backend::Stream::current().device());
     if let Some(activations) = a.activations {
-        options.activations = activations.into();
+        options.activations = activations;
     }
     let mut runner = MlxModelRunner::load(&path, &options, RunnerConfig::default())?;
     let gguf = path.extension().is_some_and(|e| e == "gguf");
@@ -594,7 +577,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         flags.join(" "),
         a.threads,
-        format!("{:?}", options.activations).to_lowercase(),
+        options.activations,
         if a.rounds > 1 {
             format!(
                 ", medians of {} alternating rounds (ratios vs llama.cpp: median of each \

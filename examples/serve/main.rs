@@ -27,6 +27,7 @@ use mlx_backend::engine::{
     Engine, EngineConfig, EngineError, Event, EventStream, FinishReason, ModelBundle, SampledToken,
     TensorParallelPart, Usage,
 };
+use mlx_backend::kernels::ActivationPrecision;
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::RunnerConfig;
 use mlx_backend::Device;
@@ -73,6 +74,13 @@ struct Args {
     /// Recompute every prompt instead of reusing cached prefixes.
     #[arg(long)]
     no_prefix_cache: bool,
+    /// The quantized CPU kernels' activations: `exact`, `int16` or `int8`
+    /// (default: the device's, `LoadOptions::for_device`). `exact` makes a
+    /// request's greedy tokens independent of the batch it runs in; the
+    /// default int16 rounds x differently from 4 (AVX-512) or 8 (AVX2)
+    /// rows of a batch on.
+    #[arg(long)]
+    activations: Option<ActivationPrecision>,
     /// Finished requests whose KV the prefix cache keeps at most.
     #[arg(long, default_value_t = 32)]
     prefix_cache_entries: usize,
@@ -465,7 +473,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         prefix_cache_max_entries: args.prefix_cache_entries,
         ..EngineConfig::default()
     };
-    let options = LoadOptions::for_device(Device::Cpu);
+    let mut options = LoadOptions::for_device(Device::Cpu);
+    if let Some(a) = args.activations {
+        options.activations = a;
+    }
     let engine = match args.tp.filter(|&n| n > 1) {
         None => Engine::load(&path, options, runner, config)?,
         Some(n) => {

@@ -1,5 +1,8 @@
 //! How the quantized kernels treat their activations.
 
+use std::fmt;
+use std::str::FromStr;
+
 /// The activation precision of the quantized CPU kernels
 /// ([`quantized_matmul_with`](super::quantized_matmul_with),
 /// [`gate_qmv_silu_mul_with`](super::gate_qmv_silu_mul_with),
@@ -20,16 +23,28 @@ pub enum ActivationPrecision {
     /// bias term uses exact sums of x. Faster, and ~1e-3..1e-2 relative
     /// error per dot product (the x rounding, at most `d/2` per value).
     Int8,
-    /// x rounded to int16 per packed word of W (8 values at 4 bits, 4 at 8
-    /// bits; `d = max|x| / 32767`), then `vpdpwssd` on AVX-512 VNNI: about
-    /// twice the multiply-adds per instruction of the f32 FMA, and each x
-    /// value off by at most `d/2` (~1.5e-5 of its word's largest |x|, some
-    /// 256 times finer than `Int8`). Where the CPU lacks AVX-512 VNNI the
-    /// kernels compute as `Exact`.
+    /// x rounded to int16 (`d = max|x| / 32767`, each value off by at most
+    /// `d/2`, some 256 times finer than `Int8`), then integer dot products:
+    /// `vpdpwssd` on AVX-512 VNNI, `vpmaddwd` on AVX2 (where
+    /// `MLX_BACKEND_INT16_AVX2` is not off; otherwise as `Exact`). Below
+    /// `row_lanes`' row count (4 x rows on AVX-512, 8 on AVX2) `d` is per
+    /// packed word of W (8 values at 4 bits, 4 at 8 bits); from there on
+    /// `row_lanes` rounds per group of W. So a row's result can depend on
+    /// how many rows share its call, and a request's greedy tokens on its
+    /// batch; `Exact` is batch-invariant.
     Int16,
 }
 
 impl ActivationPrecision {
+    /// The name [`FromStr`] reads: `exact`, `int16` or `int8`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActivationPrecision::Exact => "exact",
+            ActivationPrecision::Int16 => "int16",
+            ActivationPrecision::Int8 => "int8",
+        }
+    }
+
     /// The code passed through the C++ Primitive (part of `is_equivalent`).
     pub(crate) fn code(self) -> i32 {
         match self {
@@ -46,5 +61,61 @@ impl ActivationPrecision {
             2 => Some(ActivationPrecision::Int16),
             _ => None,
         }
+    }
+}
+
+impl fmt::Display for ActivationPrecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A name [`ActivationPrecision`]'s [`FromStr`] does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownActivationPrecision(pub String);
+
+impl fmt::Display for UnknownActivationPrecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown activation precision {:?} (exact, int16 or int8)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownActivationPrecision {}
+
+impl FromStr for ActivationPrecision {
+    type Err = UnknownActivationPrecision;
+
+    fn from_str(s: &str) -> Result<ActivationPrecision, UnknownActivationPrecision> {
+        [
+            ActivationPrecision::Exact,
+            ActivationPrecision::Int16,
+            ActivationPrecision::Int8,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+        .ok_or_else(|| UnknownActivationPrecision(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_back_and_unknown_ones_are_typed_errors() {
+        for a in [
+            ActivationPrecision::Exact,
+            ActivationPrecision::Int16,
+            ActivationPrecision::Int8,
+        ] {
+            assert_eq!(a.to_string().parse::<ActivationPrecision>(), Ok(a));
+        }
+        let e = "fp8".parse::<ActivationPrecision>().unwrap_err();
+        assert_eq!(e, UnknownActivationPrecision("fp8".into()));
+        assert!(e.to_string().contains("int16"));
     }
 }

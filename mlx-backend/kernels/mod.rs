@@ -30,7 +30,7 @@ pub mod rms_norm;
 pub mod test_hooks;
 mod warmup;
 
-pub use activation::ActivationPrecision;
+pub use activation::{ActivationPrecision, UnknownActivationPrecision};
 pub use attention::{attention, CUDA_ATTENTION_MAX_HEAD_DIM, METAL_ATTENTION_MAX_ROWS};
 pub use backend::Backend;
 pub use build::{CUDA_QMV_MAX_ROWS, METAL_QMV_MAX_ROWS};
