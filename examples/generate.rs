@@ -13,6 +13,7 @@
 
 use clap::Parser;
 use mlx_backend::engine::{ModelBundle, TensorParallelPart};
+use mlx_backend::kernels::ActivationPrecision;
 use mlx_backend::model::{fetch, LoadOptions};
 use mlx_backend::runner::{
     ForwardBatch, ForwardMode, ModelRunner, RequestInput, RunnerConfig, SamplingParams,
@@ -74,6 +75,10 @@ struct Args {
     /// Device to run on (default: MLX's default, the GPU when there is one).
     #[arg(long, value_enum)]
     device: Option<DeviceArg>,
+    /// The quantized CPU kernels' activations: `exact`, `int16` or `int8`
+    /// (default: the device's, `LoadOptions::for_device`).
+    #[arg(long)]
+    activations: Option<ActivationPrecision>,
     /// Split the model over this many tensor-parallel ranks, the group the
     /// environment describes (start the ranks with the `launch` example).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -237,7 +242,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // architecture is the real problem even when the tokenizer is missing
     // too), then the tokenizer and template from the same GGUF read, and
     // one EOS set for both.
-    let options = LoadOptions::for_device(device);
+    let mut options = LoadOptions::for_device(device);
+    if let Some(a) = args.activations {
+        options.activations = a;
+    }
     let bundle: ModelBundle<Box<dyn ModelRunner>> = match args.tp.filter(|&n| n > 1) {
         None => {
             let bundle = ModelBundle::load(&path, &options, RunnerConfig::default())?;

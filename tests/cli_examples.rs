@@ -100,6 +100,7 @@ fn generate_help_lists_the_options() {
         "--stop",
         "--batch",
         "--device",
+        "--activations",
     ] {
         assert!(out.contains(flag), "--help lacks {flag}: {out}");
     }
@@ -122,6 +123,10 @@ fn generate_rejects_bad_values_with_the_valid_range() {
         (&["--min-p", "2"], &["--min-p", "[0, 1]"]),
         (&["--stop", ""], &["--stop", "must not be empty"]),
         (&["--device", "tpu"], &["--device"]),
+        (
+            &["--activations", "fp8"],
+            &["--activations", "exact, int16 or int8"],
+        ),
         (
             &["--prompt", "a", "--prompt-file", "b"],
             &["cannot be used with"],
